@@ -1,0 +1,1 @@
+"""DSL building blocks shared by every kernel family."""
