@@ -1,0 +1,11 @@
+"""Forward-attention benchmark: ``python -m cuteattn.bench --help``.
+
+Compares cuteattn against PyTorch SDPA (flash and cuDNN kernels) and upstream FlashAttention-4
+on the same inputs, in interleaved timing rounds. Backend libraries are imported only when a
+benchmark run loads them, so this package imports without a GPU or the CuTe DSL.
+"""
+
+from .backends import BACKEND_NAMES
+from .runner import attention_flops, build_grid
+
+__all__ = ["BACKEND_NAMES", "attention_flops", "build_grid"]

@@ -1,0 +1,129 @@
+"""Command line entry: ``python -m cuteattn.bench [options]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import torch
+
+from .backends import BACKEND_NAMES, Binder, UnknownBackendError, load_backend, one_line, parse_backend_names
+from .runner import (
+    CAUSAL_MODES,
+    FLOPS_NOTE,
+    Shape,
+    build_grid,
+    collect_environment,
+    format_environment,
+    format_summary,
+    format_table,
+    log_to_stderr,
+    run_benchmark,
+    summarize_ratio,
+    write_csv,
+)
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+NO_CUDA_MESSAGE = "cuteattn.bench: the benchmark needs a CUDA GPU (torch.cuda.is_available() is False)"
+
+
+def _positive_int_list(text: str) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(value <= 0 for value in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _backend_list(text: str) -> list[str]:
+    try:
+        return parse_backend_names(text)
+    except UnknownBackendError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m cuteattn.bench",
+        description=(
+            "Forward attention TFLOP/s of several backends on the same inputs, timed in "
+            f"interleaved rounds (median over rounds). {FLOPS_NOTE}."
+        ),
+    )
+    parser.add_argument(
+        "--backends", type=_backend_list, default=list(BACKEND_NAMES),
+        help=f"comma-separated subset of {','.join(BACKEND_NAMES)} (default: all that load)",
+    )
+    parser.add_argument("--dims", type=_positive_int_list, default=[64, 128, 256],
+                        help="head dims (default: 64,128,256)")
+    parser.add_argument("--seqlens", type=_positive_int_list, default=[1024, 4096, 16384],
+                        help="sequence lengths, seqlen_q = seqlen_k (default: 1024,4096,16384)")
+    parser.add_argument("--causal", choices=tuple(CAUSAL_MODES), default="both",
+                        help="causal masking (default: both)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="default: bf16")
+    parser.add_argument("--tokens", type=_positive_int, default=32768,
+                        help="total tokens per call; batch = tokens // seqlen, at least 1 (default: 32768)")
+    parser.add_argument("--hidden", type=_positive_int, default=2048,
+                        help="model width; heads = hidden // dim, at least 1 (default: 2048)")
+    parser.add_argument("--rounds", type=_positive_int, default=5,
+                        help="interleaved rounds per shape; the median is reported (default: 5)")
+    parser.add_argument("--iters", type=_positive_int, default=10,
+                        help="calls per timed window; time per call = window / iters (default: 10)")
+    parser.add_argument("--csv", metavar="PATH", help="also write every (shape, backend) result as CSV")
+    return parser
+
+
+def grid_from_args(args: argparse.Namespace) -> list[Shape]:
+    return build_grid(args.dims, args.seqlens, CAUSAL_MODES[args.causal], args.tokens, args.hidden)
+
+
+def load_available(names: Sequence[str]) -> dict[str, Binder]:
+    """Load each named backend; one that fails to import is reported once and left out."""
+    binders = {}
+    for name in names:
+        try:
+            binders[name] = load_backend(name)
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not available here"
+            log_to_stderr(f"{name}: unavailable: {one_line(exc)}")
+    return binders
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print(NO_CUDA_MESSAGE, file=sys.stderr)
+        return 2
+
+    shapes = grid_from_args(args)
+    print(format_environment(collect_environment()))
+    print(f"# dtype: {args.dtype}, tokens: {args.tokens}, hidden: {args.hidden}, "
+          f"rounds: {args.rounds}, iters: {args.iters}")
+
+    binders = load_available(args.backends)
+    if not binders:
+        print("cuteattn.bench: no backend could be loaded", file=sys.stderr)
+        return 1
+
+    results = run_benchmark(shapes, binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters)
+    print()
+    print(format_table(results, list(binders)))
+    if "cuteattn" in binders and "sdpa-flash" in binders:
+        print(format_summary(summarize_ratio(results)))
+    if args.csv:
+        write_csv(args.csv, results, args.dtype)
+        log_to_stderr(f"wrote {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

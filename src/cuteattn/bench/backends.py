@@ -1,0 +1,103 @@
+"""One adapter per attention backend, all fed the same tensors.
+
+Every adapter is loaded by name and yields a binder: ``bind(q, k, v, causal)`` returns a
+zero-argument call that runs one forward pass. Binding happens outside the timed region, so any
+per-shape setup (views, keyword plumbing) is not measured. Inputs always arrive in the flash-attn
+layout (batch, seqlen, heads, dim).
+
+Libraries are imported only when an adapter is loaded: listing or rejecting backend names must
+work on machines without the CuTe DSL, flash-attn or a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+AttentionCall = Callable[[], torch.Tensor]
+Binder = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], AttentionCall]
+
+
+class UnknownBackendError(ValueError):
+    """Raised when the user names a backend this benchmark does not know."""
+
+
+def _load_cuteattn() -> Binder:
+    import cuteattn  # late: the package pulls in the CuTe DSL
+
+    attention = cuteattn.flash_attn_func
+
+    def bind(q, k, v, causal):
+        return lambda: attention(q, k, v, causal=causal)
+
+    return bind
+
+
+def _sdpa_loader(sdp_backend: str) -> Callable[[], Binder]:
+    def load() -> Binder:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention
+
+        backend = getattr(SDPBackend, sdp_backend)
+
+        def bind(q, k, v, causal):
+            # SDPA expects (batch, heads, seqlen, dim); transposed views avoid copies, and the
+            # kernel pin makes SDPA raise instead of silently falling back to another kernel.
+            q_t, k_t, v_t = (t.transpose(1, 2) for t in (q, k, v))
+
+            def call():
+                with sdpa_kernel(backend):
+                    return scaled_dot_product_attention(q_t, k_t, v_t, is_causal=causal)
+
+            return call
+
+        return bind
+
+    return load
+
+
+def _load_fa4() -> Binder:
+    from flash_attn.cute import flash_attn_func
+
+    def bind(q, k, v, causal):
+        def call():
+            out = flash_attn_func(q, k, v, causal=causal)
+            # Some FA4 releases return (out, lse).
+            return out[0] if isinstance(out, tuple) else out
+
+        return call
+
+    return bind
+
+
+LOADERS: dict[str, Callable[[], Binder]] = {
+    "cuteattn": _load_cuteattn,
+    "sdpa-flash": _sdpa_loader("FLASH_ATTENTION"),
+    "sdpa-cudnn": _sdpa_loader("CUDNN_ATTENTION"),
+    "fa4": _load_fa4,
+}
+BACKEND_NAMES: tuple[str, ...] = tuple(LOADERS)
+
+
+def parse_backend_names(spec: str) -> list[str]:
+    """Split a comma-separated backend list, keeping the user's order and dropping repeats."""
+    names = list(dict.fromkeys(name.strip() for name in spec.split(",") if name.strip()))
+    valid = ", ".join(BACKEND_NAMES)
+    unknown = [name for name in names if name not in LOADERS]
+    if unknown:
+        raise UnknownBackendError(f"unknown backend(s): {', '.join(unknown)}; valid names: {valid}")
+    if not names:
+        raise UnknownBackendError(f"no backend named; valid names: {valid}")
+    return names
+
+
+def load_backend(name: str) -> Binder:
+    """Import the backend's library and return its binder; import errors propagate."""
+    return LOADERS[name]()
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception type and the first line of its message, for a compact 'unavailable' note."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

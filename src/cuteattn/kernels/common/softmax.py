@@ -1,0 +1,97 @@
+"""Online softmax over score tiles held in mma accumulators (FlashAttention-2 style).
+
+Each thread keeps, for every accumulator row it owns, the running maximum of the raw scores and
+its partial sum of exponentials. Scores are exponentiated as ``exp2(s * scale_log2 - m *
+scale_log2)``, one FFMA and one MUFU.EX2 per element. Row maxima are reduced across the four
+threads of a quad at every tile; row sums only once, in ``finalize``.
+
+A row that has seen only masked (-inf) scores keeps max -inf and sum 0: its exponentials use 0
+as the subtracted max (so -inf - 0 stays -inf -> 0, never NaN), and ``finalize`` turns it into
+output 0 and LSE -inf.
+"""
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from cuteattn.kernels.common.fragments import acc_as_rows_cols
+
+LN2 = math.log(2.0)
+
+
+@cute.jit
+def quad_allreduce_max(value: Float32) -> Float32:
+    for offset in cutlass.range_constexpr(2):
+        other = cute.arch.shuffle_sync_bfly(value, offset=2 >> offset)
+        value = cute.arch.fmax(value, other)
+    return value
+
+
+@cute.jit
+def quad_allreduce_sum(value: Float32) -> Float32:
+    for offset in cutlass.range_constexpr(2):
+        value = value + cute.arch.shuffle_sync_bfly(value, offset=2 >> offset)
+    return value
+
+
+class OnlineSoftmax:
+    """Running row max / row sum for the rows of one thread's accumulator fragment."""
+
+    def __init__(self, scale_log2: Float32, num_rows: int):
+        self.scale_log2 = scale_log2
+        self.num_rows = num_rows
+        self.row_max = cute.make_rmem_tensor(num_rows, Float32)
+        self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
+        self.row_max.fill(-Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def step(self, acc_S: cute.Tensor, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
+        """Exponentiate acc_S in place (it becomes P) and return the factor to rescale O by."""
+        scores = acc_as_rows_cols(acc_S)
+        row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
+        for r in cutlass.range_constexpr(self.num_rows):
+            row = scores[r, None].load()
+            prev_max = self.row_max[r]
+            new_max = quad_allreduce_max(row.reduce(cute.ReductionOp.MAX, prev_max, 0))
+            # A fully masked row so far: subtract 0 instead of -inf so exp2 yields 0, not NaN.
+            safe_max = new_max if new_max != -Float32.inf else Float32(0.0)
+            max_scaled = safe_max * self.scale_log2
+            probs = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
+            scores[r, None] = probs
+            tile_sum = probs.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+            if cutlass.const_expr(is_first):
+                row_scale[r] = Float32(1.0)
+                self.row_sum[r] = tile_sum
+            else:
+                scale = cute.math.exp2(prev_max * self.scale_log2 - max_scaled, fastmath=True)
+                row_scale[r] = scale
+                self.row_sum[r] = self.row_sum[r] * scale + tile_sum
+            self.row_max[r] = new_max
+        return row_scale
+
+    @cute.jit
+    def finalize(self, lse: cute.Tensor) -> cute.Tensor:
+        """Return 1 / row_sum per row (0 for rows with no visible key) and fill lse (natural log)."""
+        row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
+        for r in cutlass.range_constexpr(self.num_rows):
+            total = quad_allreduce_sum(self.row_sum[r])
+            is_empty = total == Float32(0.0)
+            row_scale[r] = Float32(0.0) if is_empty else cute.arch.rcp_approx(total)
+            lse[r] = (
+                -Float32.inf
+                if is_empty
+                else (self.row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True))
+                * Float32(LN2)
+            )
+        return row_scale
+
+
+@cute.jit
+def rescale_rows(acc: cute.Tensor, row_scale: cute.Tensor):
+    """Multiply each accumulator row by its factor."""
+    acc_rc = acc_as_rows_cols(acc)
+    for r in cutlass.range_constexpr(cute.size(row_scale)):
+        acc_rc[r, None] = acc_rc[r, None].load() * row_scale[r]

@@ -1,0 +1,1 @@
+"""Runtime: architecture detection, dependency floors, kernel compilation and launch."""

@@ -1,0 +1,133 @@
+"""Every host-side input check. Each failure names the argument and the rule it broke.
+
+Checks run before any kernel launch and never synchronise with the GPU. Structural checks
+(types, ranks, dtypes, shapes) come before device checks, so a wrong shape is reported as such
+whatever device the tensors are on.
+"""
+
+import math
+
+import torch
+
+from cuteattn.plan import SUPPORTED_HEAD_DIMS
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+# cp.async / 128-bit stores move 16 bytes: 8 elements of a 16-bit dtype.
+ALIGN_ELEMS = 8
+ALIGN_BYTES = 16
+
+
+def _tensor(name: str, x) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _rank(name: str, x: torch.Tensor, rank: int, layout: str):
+    if x.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape {tuple(x.shape)}")
+
+
+def _dtype(name: str, x: torch.Tensor):
+    if x.dtype not in DTYPES:
+        raise TypeError(f"{name} must be torch.float16 or torch.bfloat16, got {x.dtype}")
+
+
+def check_window(window_size) -> tuple[int, int]:
+    """(left, right) with None / -1 meaning unbounded, returned as -1."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+    bounds = []
+    for side, value in zip(("left", "right"), window_size):
+        if value is None:
+            value = -1
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"window_size {side} must be an int or None, got {value!r}")
+        if value < -1:
+            raise ValueError(
+                f"window_size {side} must be >= 0, or -1 / None for unbounded, got {value}"
+            )
+        bounds.append(value)
+    return bounds[0], bounds[1]
+
+
+def check_scalars(softmax_scale, softcap):
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale must be a float or None, got {softmax_scale!r}")
+        if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+            raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float, got {softcap!r}")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be finite and >= 0 (0 disables it), got {softcap}")
+
+
+def check_forward(q, k, v, out=None):
+    """Checks q, k, v (batch, seqlen, heads, dim) and an optional out; returns nothing."""
+    layout = "(batch, seqlen, heads, dim)"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _tensor(name, x)
+        _rank(name, x, 4, layout)
+        _dtype(name, x)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
+    batch, seqlen_q, heads_q, dim = q.shape
+    _, seqlen_k, heads_kv, _ = k.shape
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(
+            f"q, k and v must have the same batch size, got {batch}, {k.shape[0]}, {v.shape[0]}"
+        )
+    if k.shape[3] != dim:
+        raise ValueError(f"k must have the head dim of q ({dim}), got {k.shape[3]}")
+    if tuple(v.shape[:3]) != tuple(k.shape[:3]):
+        raise ValueError(
+            f"v must match k in (batch, seqlen_k, heads_kv) {tuple(k.shape[:3])}, "
+            f"got {tuple(v.shape[:3])}"
+        )
+    if seqlen_q < 1 or seqlen_k < 1:
+        raise ValueError(f"seqlen_q and seqlen_k must be >= 1, got {seqlen_q} and {seqlen_k}")
+    if heads_q < 1 or heads_kv < 1 or heads_q % heads_kv != 0:
+        raise ValueError(
+            f"heads of q ({heads_q}) must be a positive multiple of heads of k/v ({heads_kv})"
+        )
+    for name, d in (("q/k", dim), ("v", v.shape[3])):
+        if d % 8 != 0:
+            raise ValueError(f"head dim of {name} must be a multiple of 8, got {d}")
+        if d not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head dim of {name} must be one of {SUPPORTED_HEAD_DIMS}, got {d}")
+    if out is not None:
+        _tensor("out", out)
+        expected = (batch, seqlen_q, heads_q, v.shape[3])
+        if tuple(out.shape) != expected:
+            raise ValueError(f"out must have shape {expected}, got {tuple(out.shape)}")
+        if out.dtype != q.dtype:
+            raise TypeError(f"out must have the dtype of q ({q.dtype}), got {out.dtype}")
+        if not kernel_addressable(out):
+            raise ValueError(
+                "out must have a contiguous last dim, other strides that are multiples of 8 "
+                f"elements and a 16-byte aligned start; got strides {out.stride()}"
+            )
+    devices = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
+    for name, x in devices:
+        if x.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got {x.device}")
+    for name, x in devices[1:]:
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+
+
+def kernel_addressable(x: torch.Tensor) -> bool:
+    """True when the kernel can read x in place: contiguous last dim, 16-byte aligned rows."""
+    # Strides of size-1 dims count too: the compiled kernel declares every stride 16-byte
+    # divisible, and a contiguous copy always satisfies that when dim % 8 == 0.
+    if x.stride(-1) != 1 or any(s % ALIGN_ELEMS for s in x.stride()[:-1]):
+        return False
+    return x.data_ptr() % ALIGN_BYTES == 0
+
+
+def kernel_ready(x: torch.Tensor) -> torch.Tensor:
+    """x itself when the kernel can address it, else a contiguous copy (never a misread)."""
+    return x if kernel_addressable(x) else x.contiguous()

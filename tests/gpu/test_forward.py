@@ -1,0 +1,71 @@
+"""Forward matrix on the GPU against the fp32 reference (issue 2's acceptance matrix)."""
+
+import itertools
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+HEAD_DIMS = (64, 96, 128, 192, 256)
+DTYPES = (torch.bfloat16, torch.float16)
+SEQLENS = (
+    (1, 1), (1, 239), (113, 203), (203, 113), (239, 1),
+    (128, 128), (1000, 1000), (1023, 4097), (4096, 4096),
+)
+HEADS = ((8, 8), (8, 2), (8, 1))
+BATCHES = (1, 3)
+
+
+def _ids(value):
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return str(value)
+
+
+def _poisoned_empty_pool(numel: int, device) -> int:
+    """Leave a freed NaN block of exactly numel fp32 in torch's caching allocator.
+
+    The kernel's lse buffer is allocated right after, so it reuses this block: an lse element
+    the kernel fails to write stays NaN. Returns the block's address to confirm the reuse.
+    """
+    block = torch.full((numel,), float("nan"), dtype=torch.float32, device=device)
+    ptr = block.data_ptr()
+    del block
+    return ptr
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("heads_q,heads_kv", HEADS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_forward_matches_reference(
+    head_dim, dtype, causal, seqlen_q, seqlen_k, heads_q, heads_kv, batch
+):
+    import cuteattn
+    from cuteattn.reference import attention
+    from cuteattn.testing import assert_close_to_reference, poison_like
+
+    device = "cuda"
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device=device, dtype=dtype)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device=device, dtype=dtype)
+    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, device=device, dtype=dtype)
+    out = poison_like(q)
+    poison_ptr = _poisoned_empty_pool(batch * heads_q * seqlen_q, device)
+
+    got, lse = cuteattn.flash_attn_func(q, k, v, causal=causal, out=out, return_lse=True)
+    torch.cuda.synchronize()
+    assert got.data_ptr() == out.data_ptr()
+    assert lse.data_ptr() == poison_ptr, "lse did not reuse the poisoned block"
+
+    out_ref, lse_ref = attention(q, k, v, causal=causal)
+    out_pt, lse_pt = attention(q, k, v, causal=causal, upcast=False)
+    assert_close_to_reference("out", got, out_ref, out_pt)
+    assert_close_to_reference("lse", lse, lse_ref, lse_pt)
+
+    empty_rows = torch.isinf(lse_ref)  # (batch, heads, seqlen_q)
+    if empty_rows.any():
+        assert torch.all(lse[empty_rows] == float("-inf"))
+        assert torch.all(got.permute(0, 2, 1, 3)[empty_rows] == 0)
