@@ -34,7 +34,6 @@ def flash_attn_func(
     with ``return_lse``; lse is (batch, heads_q, seqlen_q) fp32, natural log. Rows that see no
     key get out = 0 and lse = -inf.
     """
-    validate.check_forward(q, k, v, out)
     validate.check_scalars(softmax_scale, softcap)
     left, right = validate.check_window(window_size)
     if causal:
@@ -47,6 +46,7 @@ def flash_attn_func(
         )
     if softcap != 0.0:
         raise NotImplementedError("softcap is not supported by any kernel yet")
+    validate.check_forward(q, k, v, out)
     if _requires_grad(q, k, v):
         raise NotImplementedError(
             "the backward pass is not implemented yet; call under torch.no_grad() or detach q/k/v"

@@ -40,14 +40,21 @@ class KernelPlan:
     num_stages: int
 
 
-# sm80 family tiles per head dim, in order of preference: (tile_m, tile_n, threads).
-# The first is FlashAttention-2's choice on A100/H100; later ones fit 99 KB of shared memory.
+# sm80 family tiles per (head dim, causal), in order of preference: (tile_m, tile_n, threads).
+# Measured on the H200 with scripts/tune_sm80.py (docs/PERF.md): causal d64 prefers narrower key
+# tiles (less work wasted on the diagonal); d256 prefers 64x64 with 4 warps at every length.
+# Later entries fit 99 KB of shared memory (sm_86/89/120).
 _SM80_TILES = {
-    64: ((128, 128, 128), (128, 64, 128)),
-    96: ((128, 64, 128), (64, 64, 128)),
-    128: ((128, 64, 128), (64, 64, 128)),
-    192: ((128, 64, 256), (64, 64, 128)),
-    256: ((128, 64, 256), (64, 64, 128)),
+    (64, False): ((128, 128, 128), (128, 64, 128)),
+    (64, True): ((128, 64, 128),),
+    (96, False): ((128, 64, 128), (64, 64, 128)),
+    (96, True): ((128, 64, 128), (64, 64, 128)),
+    (128, False): ((128, 64, 128), (64, 64, 128)),
+    (128, True): ((128, 64, 128), (64, 64, 128)),
+    (192, False): ((128, 64, 256), (64, 64, 128)),
+    (192, True): ((128, 64, 256), (64, 64, 128)),
+    (256, False): ((64, 64, 128),),
+    (256, True): ((64, 64, 128),),
 }
 
 
@@ -64,7 +71,7 @@ def plan_forward(problem: Problem) -> KernelPlan:
         raise ValueError(f"dtype {problem.dtype!r} is not one of {DTYPES}")
     if not problem.arch.mma_sync:
         raise NotImplementedError(f"no kernel family runs on {problem.arch.name}")
-    for tile_m, tile_n, threads in _SM80_TILES[problem.head_dim]:
+    for tile_m, tile_n, threads in _SM80_TILES[problem.head_dim, problem.causal]:
         if _sm80_smem_bytes(problem.head_dim, tile_m, tile_n) <= problem.arch.smem_per_block:
             return KernelPlan(
                 family="sm80",

@@ -111,12 +111,11 @@ def check_forward(q, k, v, out=None):
                 f"elements and a 16-byte aligned start; got strides {out.stride()}"
             )
     devices = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
-    for name, x in devices:
-        if x.device.type != "cuda":
-            raise ValueError(f"{name} must be on a CUDA device, got {x.device}")
     for name, x in devices[1:]:
         if x.device != q.device:
             raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+    if q.device.type != "cuda":
+        raise ValueError(f"q, k and v must be on a CUDA device, got {q.device}")
 
 
 def kernel_addressable(x: torch.Tensor) -> bool:
