@@ -199,7 +199,7 @@ class FlashForwardSm80:
         gK = cute.local_tile(mK[batch, None, head_kv, None], tile_kv, (None, 0))
         gV = cute.local_tile(mV[batch, None, head_kv, None], tile_kv, (None, 0))
 
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sKV_layout)
         sV = storage.sV.get_tensor(sKV_layout)
@@ -295,7 +295,9 @@ class FlashForwardSm80:
         rO = cute.make_fragment_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         sO = cute.make_tensor(sQ.iterator, sQ_layout)
-        # Every warp must be done reading Q (and V) before O overwrites the Q buffer.
+        # O overwrites the Q buffer: the Q cp.async must have landed (a tile that saw no key
+        # never waited for it) and every warp must be done reading Q and V.
+        cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         smem_store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype)
         smem_thr_store = cute.make_tiled_copy_C(smem_store_atom, tiled_mma).get_slice(tidx)
