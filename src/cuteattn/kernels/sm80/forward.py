@@ -22,8 +22,7 @@ Constraints: fp16/bf16; head_dim a multiple of 32 (64, 96, 128, 192, 256), dim_v
 tile_n a multiple of 16; shared memory of Q + K + V tiles within the arch's capacity.
 
 Compile and run: ``cuteattn.flash_attn_func`` plans, compiles (once per plan) and launches it;
-``CUTE_DSL_ARCH``-free cross-compilation for sm_80 / sm_90a / sm_120a is in tests/cpu (marker
-``compile``). Profile with ``ncu --clock-control none python -m cuteattn.bench --dims 128``.
+tests/cpu/test_compile.py cross-compiles every variant for sm_80 / sm_90a / sm_120a on a CPU. Profile with ``ncu --clock-control none python -m cuteattn.bench --dims 128``.
 """
 
 import math
@@ -42,6 +41,7 @@ from cuteattn.kernels.common.fragments import (
 )
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
+from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
 
 LOG2_E = math.log2(math.e)
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -243,14 +243,18 @@ class FlashForwardSm80:
         smem_thr_copy_Q = cute.make_tiled_copy_A(ldmatrix, tiled_mma).get_slice(tidx)
         smem_thr_copy_K = cute.make_tiled_copy_B(ldmatrix, tiled_mma).get_slice(tidx)
         smem_thr_copy_V = cute.make_tiled_copy_B(ldmatrix_t, tiled_mma).get_slice(tidx)
-        tSsQ = smem_thr_copy_Q.partition_S(sQ)
-        tSsK = smem_thr_copy_K.partition_S(sK)
-        tOsVt = smem_thr_copy_V.partition_S(sVt)
-        tSrQ_view = smem_thr_copy_Q.retile(tSrQ)
-        tSrK_view = smem_thr_copy_K.retile(tSrK)
-        tOrVt_view = smem_thr_copy_V.retile(tOrVt)
+        q_operand = SmemOperand(
+            smem_thr_copy_Q.partition_S(sQ), smem_thr_copy_Q.retile(tSrQ), smem_thr_copy_Q
+        )
+        k_operand = SmemOperand(
+            smem_thr_copy_K.partition_S(sK), smem_thr_copy_K.retile(tSrK), smem_thr_copy_K
+        )
+        vt_operand = SmemOperand(
+            smem_thr_copy_V.partition_S(sVt), smem_thr_copy_V.retile(tOrVt), smem_thr_copy_V
+        )
 
-        softmax = OnlineSoftmax(scale_log2, cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1]))
+        rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
+        softmax = OnlineSoftmax(scale_log2, rows_per_thread)
         mask = AttentionMask(self.tile_m, self.tile_n, seqlen_q, seqlen_k)
 
         # ---- Prologue: Q and the last visible K tile ---------------------------------------
@@ -268,10 +272,8 @@ class FlashForwardSm80:
         ctx = SimpleNamespace(
             m_block=m_block, seqlen_k=seqlen_k, thr_mma=thr_mma, tiled_mma=tiled_mma,
             gmem_copy=gmem_copy_async, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
-            tKVcKV=tKVcKV, t0KVcKV=t0KVcKV, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tSsQ=tSsQ,
-            tSsK=tSsK, tOsVt=tOsVt, tSrQ_view=tSrQ_view, tSrK_view=tSrK_view,
-            tOrVt_view=tOrVt_view, smem_thr_copy_Q=smem_thr_copy_Q,
-            smem_thr_copy_K=smem_thr_copy_K, smem_thr_copy_V=smem_thr_copy_V, acc_O=acc_O,
+            tKVcKV=tKVcKV, t0KVcKV=t0KVcKV, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt,
+            q_operand=q_operand, k_operand=k_operand, vt_operand=vt_operand, acc_O=acc_O,
             softmax=softmax, mask=mask,
         )
         num_causal_tiles = Int32(0)
@@ -337,10 +339,7 @@ class FlashForwardSm80:
         )
         cute.arch.cp_async_commit_group()
         # (b) S = Q K^T
-        self.gemm_smem_smem(
-            ctx.tiled_mma, acc_S, ctx.tSrQ, ctx.tSrK, ctx.tSsQ, ctx.tSsK, ctx.tSrQ_view,
-            ctx.tSrK_view, ctx.smem_thr_copy_Q, ctx.smem_thr_copy_K,
-        )
+        gemm(ctx.tiled_mma, acc_S, ctx.tSrQ, ctx.tSrK, ctx.k_operand, a_from_smem=ctx.q_operand)
         # (c) V[n_block] landed; every warp finished reading K[n_block].
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
@@ -359,10 +358,7 @@ class FlashForwardSm80:
         # (f) O += P V, P converted in registers to the A operand
         rP = cute.make_fragment_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
-        self.gemm_reg_smem(
-            ctx.tiled_mma, ctx.acc_O, acc_as_operand_a(rP), ctx.tOrVt, ctx.tOsVt,
-            ctx.tOrVt_view, ctx.smem_thr_copy_V,
-        )
+        gemm(ctx.tiled_mma, ctx.acc_O, acc_as_operand_a(rP), ctx.tOrVt, ctx.vt_operand)
 
     @cute.jit
     def load_kv_tile(
@@ -389,49 +385,6 @@ class FlashForwardSm80:
                 else:
                     if cutlass.const_expr(zero_fill):
                         tXsX[None, n, None].fill(0)
-
-    @cute.jit
-    def gemm_smem_smem(
-        self,
-        tiled_mma: cute.TiledMma,
-        acc: cute.Tensor,
-        tCrA: cute.Tensor,
-        tCrB: cute.Tensor,
-        tCsA: cute.Tensor,
-        tCsB: cute.Tensor,
-        tCrA_view: cute.Tensor,
-        tCrB_view: cute.Tensor,
-        smem_thr_copy_A: cute.TiledCopy,
-        smem_thr_copy_B: cute.TiledCopy,
-    ):
-        """acc += A B with both operands read from shared memory one k-slice ahead."""
-        num_k = cute.size(tCsA, mode=[2])
-        cute.copy(smem_thr_copy_A, tCsA[None, None, 0], tCrA_view[None, None, 0])
-        cute.copy(smem_thr_copy_B, tCsB[None, None, 0], tCrB_view[None, None, 0])
-        for k in cutlass.range_constexpr(num_k):
-            if cutlass.const_expr(k + 1 < num_k):
-                cute.copy(smem_thr_copy_A, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
-                cute.copy(smem_thr_copy_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
-            cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-
-    @cute.jit
-    def gemm_reg_smem(
-        self,
-        tiled_mma: cute.TiledMma,
-        acc: cute.Tensor,
-        tCrA: cute.Tensor,
-        tCrB: cute.Tensor,
-        tCsB: cute.Tensor,
-        tCrB_view: cute.Tensor,
-        smem_thr_copy_B: cute.TiledCopy,
-    ):
-        """acc += A B with A already in registers and B read from shared memory one k ahead."""
-        num_k = cute.size(tCrA, mode=[2])
-        cute.copy(smem_thr_copy_B, tCsB[None, None, 0], tCrB_view[None, None, 0])
-        for k in cutlass.range_constexpr(num_k):
-            if cutlass.const_expr(k + 1 < num_k):
-                cute.copy(smem_thr_copy_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
-            cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
     @cute.jit
     def store_lse(
