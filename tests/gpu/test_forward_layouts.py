@@ -61,13 +61,26 @@ def test_gqa_ratios(heads_q, heads_kv):
 
 
 def test_offsets_past_2_pow_31_elements():
-    """K/V of 2 x (2^24 + 64) keys: batch 1 starts past element 2^31, so 32-bit offsets wrap."""
-    import cuteattn
+    """k, v and out are views whose batch 1 starts past element 2^31: 32-bit offsets would wrap.
 
-    seqlen_k = 2**24 + 64
-    k = torch.randn(2, seqlen_k, 1, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    assert k.stride(0) * (k.shape[0] - 1) > 2**31
-    q = torch.randn(2, 3, 1, 128, device="cuda", dtype=torch.bfloat16)
-    got, lse = cuteattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    Only 300 keys are used per batch, so the check stays about addressing, not about fp32
+    accumulation over millions of keys.
+    """
+    import cuteattn
+    from cuteattn import validate
+
+    rows = 2**24 + 64  # (2^24 + 64) * 128 elements per batch > 2^31
+
+    def big_view(seqlen):
+        storage = torch.empty(2, rows, 1, 128, device="cuda", dtype=torch.bfloat16)
+        return storage[:, :seqlen]
+
+    k, v = big_view(300), big_view(300)
+    k.normal_()
+    v.normal_()
+    out = big_view(77).fill_(float("nan"))
+    assert k.stride(0) > 2**31 and validate.kernel_addressable(k)
+    q = torch.randn(2, 77, 1, 128, device="cuda", dtype=torch.bfloat16)
+    got, lse = cuteattn.flash_attn_func(q, k, v, causal=True, out=out, return_lse=True)
+    assert got.data_ptr() == out.data_ptr()
     _check(got, lse, q, k, v, True)
