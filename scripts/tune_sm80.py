@@ -14,7 +14,7 @@ import torch
 
 from cuteattn import ops
 from cuteattn.bench.runner import Shape, attention_flops, time_call_ms
-from cuteattn.kernels.sm80.forward import FlashForwardSm80
+from cuteattn.kernels.sm80 import tiling
 from cuteattn.plan import KernelPlan
 from cuteattn.runtime.arch import device_arch
 
@@ -48,9 +48,9 @@ def main():
         )
         calls = {}
         for tile_m, tile_n, threads in CANDIDATES[dim]:
-            if not FlashForwardSm80.can_implement(dim, tile_m, tile_n, threads, arch.smem_per_block):
+            if not tiling.can_implement(dim, tile_m, tile_n, threads, arch.smem_per_block):
                 continue
-            plan = KernelPlan("sm80", arch.name, "bf16", dim, causal, tile_m, tile_n, threads, 1)
+            plan = KernelPlan("sm80", arch.name, "bf16", dim, causal, tile_m, tile_n, threads)
             calls[f"{tile_m}x{tile_n}/{threads}"] = (
                 lambda plan=plan: ops.forward(q, k, v, None, dim**-0.5, plan)
             )

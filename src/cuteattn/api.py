@@ -14,6 +14,24 @@ def _requires_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def resolve_causal(causal, window_size) -> bool:
+    """The causal flag implied by (causal, window_size); local windows are not supported yet.
+
+    As in flash-attn, causal forces the right bound to 0, and a window unbounded on the left
+    and closed at the diagonal, (-1, 0), is the causal mask.
+    """
+    left, right = validate.check_window(window_size)
+    if causal:
+        right = 0
+    if (left, right) == (-1, 0):
+        return True
+    if (left, right) == (-1, -1):
+        return False
+    raise NotImplementedError(
+        f"window_size {tuple(window_size)} (local attention) is not supported by any kernel yet"
+    )
+
+
 def flash_attn_func(
     q,
     k,
@@ -34,19 +52,12 @@ def flash_attn_func(
     with ``return_lse``; lse is (batch, heads_q, seqlen_q) fp32, natural log. Rows that see no
     key get out = 0 and lse = -inf.
     """
+    validate.check_forward(q, k, v, out)
     validate.check_scalars(softmax_scale, softcap)
-    left, right = validate.check_window(window_size)
-    if causal:
-        right = 0
-    # A window that is unbounded on the left and closed at the diagonal is the causal mask.
-    causal = left == -1 and right == 0
-    if not causal and (left, right) != (-1, -1):
-        raise NotImplementedError(
-            f"window_size {tuple(window_size)} (local attention) is not supported by any kernel yet"
-        )
+    causal = resolve_causal(causal, window_size)
     if softcap != 0.0:
         raise NotImplementedError("softcap is not supported by any kernel yet")
-    validate.check_forward(q, k, v, out)
+    validate.check_devices(q, k, v, out)
     if _requires_grad(q, k, v):
         raise NotImplementedError(
             "the backward pass is not implemented yet; call under torch.no_grad() or detach q/k/v"

@@ -7,9 +7,10 @@ key: batch and sequence lengths are runtime values and stay out of it.
 
 from dataclasses import dataclass
 
+from cuteattn.kernels.sm80 import tiling
+from cuteattn.kernels.sm80.tiling import SUPPORTED_HEAD_DIMS
 from cuteattn.runtime.arch import ArchCaps
 
-SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 DTYPES = ("bf16", "fp16")
 
 
@@ -37,7 +38,6 @@ class KernelPlan:
     tile_m: int
     tile_n: int
     num_threads: int
-    num_stages: int
 
 
 # sm80 family tiles per (head dim, causal), in order of preference: (tile_m, tile_n, threads).
@@ -58,10 +58,6 @@ _SM80_TILES = {
 }
 
 
-def _sm80_smem_bytes(head_dim: int, tile_m: int, tile_n: int) -> int:
-    return (tile_m + 2 * tile_n) * head_dim * 2
-
-
 def plan_forward(problem: Problem) -> KernelPlan:
     if problem.head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim {problem.head_dim} is not one of {SUPPORTED_HEAD_DIMS}")
@@ -72,7 +68,9 @@ def plan_forward(problem: Problem) -> KernelPlan:
     if not problem.arch.mma_sync:
         raise NotImplementedError(f"no kernel family runs on {problem.arch.name}")
     for tile_m, tile_n, threads in _SM80_TILES[problem.head_dim, problem.causal]:
-        if _sm80_smem_bytes(problem.head_dim, tile_m, tile_n) <= problem.arch.smem_per_block:
+        if tiling.can_implement(
+            problem.head_dim, tile_m, tile_n, threads, problem.arch.smem_per_block
+        ):
             return KernelPlan(
                 family="sm80",
                 arch=problem.arch.name,
@@ -82,7 +80,6 @@ def plan_forward(problem: Problem) -> KernelPlan:
                 tile_m=tile_m,
                 tile_n=tile_n,
                 num_threads=threads,
-                num_stages=1,
             )
     raise NotImplementedError(
         f"no sm80 tiling of head_dim {problem.head_dim} fits {problem.arch.name}'s shared memory"

@@ -6,6 +6,7 @@ whatever device the tensors are on.
 """
 
 import math
+import operator
 
 import torch
 
@@ -15,6 +16,7 @@ DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # cp.async / 128-bit stores move 16 bytes: 8 elements of a 16-bit dtype.
 ALIGN_ELEMS = 8
 ALIGN_BYTES = 16
+MAX_GRID_YZ = 65535
 
 
 def _tensor(name: str, x) -> torch.Tensor:
@@ -41,8 +43,12 @@ def check_window(window_size) -> tuple[int, int]:
     for side, value in zip(("left", "right"), window_size):
         if value is None:
             value = -1
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool):
             raise TypeError(f"window_size {side} must be an int or None, got {value!r}")
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"window_size {side} must be an int or None, got {value!r}") from None
         if value < -1:
             raise ValueError(
                 f"window_size {side} must be >= 0, or -1 / None for unbounded, got {value}"
@@ -64,7 +70,7 @@ def check_scalars(softmax_scale, softcap):
 
 
 def check_forward(q, k, v, out=None):
-    """Checks q, k, v (batch, seqlen, heads, dim) and an optional out; returns nothing."""
+    """Structural checks of q, k, v (batch, seqlen, heads, dim) and an optional out."""
     layout = "(batch, seqlen, heads, dim)"
     for name, x in (("q", q), ("k", k), ("v", v)):
         _tensor(name, x)
@@ -87,6 +93,13 @@ def check_forward(q, k, v, out=None):
             f"v must match k in (batch, seqlen_k, heads_kv) {tuple(k.shape[:3])}, "
             f"got {tuple(v.shape[:3])}"
         )
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    # Batch and heads index grid dims y and z, which CUDA caps at 65535.
+    if batch > MAX_GRID_YZ or heads_q > MAX_GRID_YZ:
+        raise ValueError(
+            f"batch ({batch}) and heads of q ({heads_q}) must each be <= {MAX_GRID_YZ}"
+        )
     if seqlen_q < 1 or seqlen_k < 1:
         raise ValueError(f"seqlen_q and seqlen_k must be >= 1, got {seqlen_q} and {seqlen_k}")
     if heads_q < 1 or heads_kv < 1 or heads_q % heads_kv != 0:
@@ -105,14 +118,21 @@ def check_forward(q, k, v, out=None):
             raise ValueError(f"out must have shape {expected}, got {tuple(out.shape)}")
         if out.dtype != q.dtype:
             raise TypeError(f"out must have the dtype of q ({q.dtype}), got {out.dtype}")
+        if any(st == 0 and n > 1 for st, n in zip(out.stride(), out.shape)):
+            raise ValueError(
+                f"out must not have overlapping elements (a stride of 0), got strides {out.stride()}"
+            )
         if not kernel_addressable(out):
             raise ValueError(
                 "out must have a contiguous last dim, other strides that are multiples of 8 "
                 f"elements and a 16-byte aligned start; got strides {out.stride()}"
             )
-    devices = [("q", q), ("k", k), ("v", v)] + ([("out", out)] if out is not None else [])
-    for name, x in devices[1:]:
-        if x.device != q.device:
+
+
+def check_devices(q, k, v, out=None):
+    """All tensors on the device of q, and that device a CUDA one."""
+    for name, x in (("k", k), ("v", v), ("out", out)):
+        if x is not None and x.device != q.device:
             raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
     if q.device.type != "cuda":
         raise ValueError(f"q, k and v must be on a CUDA device, got {q.device}")
@@ -121,12 +141,16 @@ def check_forward(q, k, v, out=None):
 def kernel_addressable(x: torch.Tensor) -> bool:
     """True when the kernel can read x in place: contiguous last dim, 16-byte aligned rows."""
     # Strides of size-1 dims count too: the compiled kernel declares every stride 16-byte
-    # divisible, and a contiguous copy always satisfies that when dim % 8 == 0.
+    # divisible, which a fresh compact copy satisfies when dim % 8 == 0.
     if x.stride(-1) != 1 or any(s % ALIGN_ELEMS for s in x.stride()[:-1]):
         return False
     return x.data_ptr() % ALIGN_BYTES == 0
 
 
 def kernel_ready(x: torch.Tensor) -> torch.Tensor:
-    """x itself when the kernel can address it, else a contiguous copy (never a misread)."""
-    return x if kernel_addressable(x) else x.contiguous()
+    """x itself when the kernel can address it, else a fresh compact copy (never a misread).
+
+    Not ``contiguous()``: a tensor torch calls contiguous may still start misaligned or carry an
+    odd stride on a size-1 dim, and ``contiguous()`` returns it unchanged.
+    """
+    return x if kernel_addressable(x) else x.clone(memory_format=torch.contiguous_format)

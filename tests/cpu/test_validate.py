@@ -160,6 +160,94 @@ def test_softcap_not_implemented():
         call(q, k, v, softcap=30.0)
 
 
+def test_bad_input_is_reported_before_unsupported_options():
+    q, k, v = qkv(dtype=torch.float32)
+    with pytest.raises(TypeError, match=r"torch.float16 or torch.bfloat16"):
+        call(q, k, v, window_size=(3, 3), softcap=5.0)
+
+
+@pytest.mark.parametrize(
+    "causal,window,expected",
+    [
+        (False, (None, None), False),
+        (False, (-1, -1), False),
+        (True, (None, None), True),
+        (True, (-1, 5), True),  # causal forces the right bound to 0
+        (False, (-1, 0), True),
+        (False, (None, 0), True),
+        (False, (torch.tensor(-1), 0), True),  # any integer type, as the reference accepts
+    ],
+)
+def test_resolve_causal(causal, window, expected):
+    from cuteattn.api import resolve_causal
+
+    assert resolve_causal(causal, window) is expected
+
+
+@pytest.mark.parametrize("causal,window", [(False, (16, 0)), (True, (16, None)), (False, (0, 3))])
+def test_resolve_causal_rejects_local_windows(causal, window):
+    from cuteattn.api import resolve_causal
+
+    with pytest.raises(NotImplementedError, match=r"local attention"):
+        resolve_causal(causal, window)
+
+
+@pytest.mark.parametrize("window", [(True, None), (1.5, None), ("2", 0)])
+def test_window_bounds_must_be_ints(window):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"window_size left must be an int or None"):
+        call(q, k, v, window_size=window)
+
+
+def test_softmax_scale_must_be_a_number():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"softmax_scale must be a float"):
+        call(q, k, v, softmax_scale="0.1")
+
+
+@pytest.mark.parametrize("which", ["batch", "seqlen_q", "heads_kv"])
+def test_empty_dims(which):
+    sizes = {"batch": 2, "seqlen_q": 16, "heads_kv": 2, "heads_q": 4}
+    sizes[which] = 0
+    q, k, v = qkv(**sizes)
+    with pytest.raises(ValueError, match=rf"({which[:5]}|seqlen_q and seqlen_k|heads of q).*"):
+        call(q, k, v)
+
+
+def test_batch_beyond_grid_limit():
+    q, k, v = qkv(batch=65536, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1)
+    with pytest.raises(ValueError, match=r"must each be <= 65535"):
+        call(q, k, v)
+
+
+def test_out_with_overlapping_elements():
+    q, k, v = qkv()
+    out = torch.empty((1,) + q.shape[1:], dtype=q.dtype).expand(q.shape)
+    with pytest.raises(ValueError, match=r"out must not have overlapping elements"):
+        call(q, k, v, out=out)
+
+
+def test_out_misaligned_start():
+    q, k, v = qkv()
+    out = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+    with pytest.raises(ValueError, match=r"16-byte aligned start"):
+        call(q, k, v, out=out)
+
+
+def test_out_stride_not_multiple_of_8():
+    q, k, v = qkv()
+    out = torch.empty(q.shape[:-2] + (q.shape[2] * q.shape[3] + 4,), dtype=q.dtype)
+    out = out[..., : q.shape[2] * q.shape[3]].unflatten(-1, q.shape[2:])
+    with pytest.raises(ValueError, match=r"multiples of 8"):
+        call(q, k, v, out=out)
+
+
+def test_out_on_another_device():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"out must be on the device of q"):
+        call(q, k, v, out=torch.empty_like(q, device="meta"))
+
+
 def test_causal_window_forms_are_accepted_before_the_device_check():
     q, k, v = qkv()
     for kwargs in ({"causal": True}, {"window_size": (-1, 0)}, {"window_size": (None, 0)}):
@@ -171,10 +259,14 @@ def test_noncontiguous_inputs_are_copied_not_misread():
     q, _, _ = qkv()
     transposed = q.transpose(1, 2).contiguous().transpose(1, 2)  # last dim still contiguous
     assert validate.kernel_addressable(transposed)
+    assert validate.kernel_ready(transposed) is transposed
     strided = torch.randn(2, 16, 4, 128, dtype=torch.bfloat16)[..., ::2]
-    assert not validate.kernel_addressable(strided)
-    fixed = validate.kernel_ready(strided)
-    assert validate.kernel_addressable(fixed) and torch.equal(fixed, strided)
     odd_stride = torch.randn(2, 16, 4 * 64 + 4, dtype=torch.bfloat16)[..., :256].view(2, 16, 4, 64)
-    assert not validate.kernel_addressable(odd_stride)
-    assert torch.equal(validate.kernel_ready(odd_stride), odd_stride)
+    misaligned = torch.randn(2 * 16 * 4 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 16, 4, 64)
+    size1_odd_stride = torch.randn(1, 16, 4, 64, dtype=torch.bfloat16).as_strided(
+        (1, 16, 4, 64), (3, 256, 64, 1)
+    )
+    for x in (strided, odd_stride, misaligned, size1_odd_stride):
+        assert not validate.kernel_addressable(x)
+        fixed = validate.kernel_ready(x)
+        assert validate.kernel_addressable(fixed) and torch.equal(fixed, x)

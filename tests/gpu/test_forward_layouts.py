@@ -84,3 +84,20 @@ def test_offsets_past_2_pow_31_elements():
     got, lse = cuteattn.flash_attn_func(q, k, v, causal=True, out=out, return_lse=True)
     assert got.data_ptr() == out.data_ptr()
     _check(got, lse, q, k, v, True)
+
+
+@pytest.mark.parametrize("softmax_scale", (0.05, 0.3))
+def test_softmax_scale_window_causal_and_out_only(softmax_scale):
+    """A non-default scale; window (None, 0) is causal; return_lse=False returns out alone."""
+    import cuteattn
+    from cuteattn.reference import attention
+    from cuteattn.testing import assert_close_to_reference
+
+    q = torch.randn(2, 190, 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 260, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    got = cuteattn.flash_attn_func(q, k, v, softmax_scale=softmax_scale, window_size=(None, 0))
+    assert isinstance(got, torch.Tensor) and got.shape == q.shape
+    out_ref, _ = attention(q, k, v, softmax_scale=softmax_scale, causal=True)
+    out_pt, _ = attention(q, k, v, softmax_scale=softmax_scale, causal=True, upcast=False)
+    assert_close_to_reference("out", got, out_ref, out_pt)

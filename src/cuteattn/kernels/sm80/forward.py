@@ -22,7 +22,8 @@ Constraints: fp16/bf16; head_dim a multiple of 32 (64, 96, 128, 192, 256), dim_v
 tile_n a multiple of 16; shared memory of Q + K + V tiles within the arch's capacity.
 
 Compile and run: ``cuteattn.flash_attn_func`` plans, compiles (once per plan) and launches it;
-tests/cpu/test_compile.py cross-compiles every variant for sm_80 / sm_90a / sm_120a on a CPU. Profile with ``ncu --clock-control none python -m cuteattn.bench --dims 128``.
+tests/cpu/test_compile.py cross-compiles every variant for sm_80 / sm_90a / sm_120a on a CPU.
+Profile with ``ncu --clock-control none python -m cuteattn.bench --dims 128``.
 """
 
 import math
@@ -41,10 +42,10 @@ from cuteattn.kernels.common.fragments import (
 )
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
+from cuteattn.kernels.sm80 import tiling
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
 
 LOG2_E = math.log2(math.e)
-SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 
 
 class FlashForwardSm80:
@@ -64,25 +65,7 @@ class FlashForwardSm80:
         self.num_threads = num_threads
         self.causal = causal
 
-    @staticmethod
-    def smem_bytes(head_dim: int, tile_m: int, tile_n: int, elem_bytes: int = 2) -> int:
-        return (tile_m + 2 * tile_n) * head_dim * elem_bytes
-
-    @staticmethod
-    def can_implement(
-        head_dim: int, tile_m: int, tile_n: int, num_threads: int, smem_capacity: int
-    ) -> bool:
-        num_warps = num_threads // 32
-        return (
-            head_dim in SUPPORTED_HEAD_DIMS
-            and num_threads % 32 == 0
-            and tile_m % (16 * num_warps) == 0
-            and tile_n % 16 == 0
-            # Each gmem copy pass covers num_threads * 8 elements; every tile takes whole passes.
-            and (tile_n * head_dim) % (num_threads * 8) == 0
-            and (tile_m * head_dim) % (num_threads * 8) == 0
-            and FlashForwardSm80.smem_bytes(head_dim, tile_m, tile_n) <= smem_capacity
-        )
+    can_implement = staticmethod(tiling.can_implement)
 
     @cute.jit
     def __call__(
@@ -296,7 +279,7 @@ class FlashForwardSm80:
 
         rO = cute.make_fragment_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        sO = cute.make_tensor(sQ.iterator, sQ_layout)
+        sO = sQ  # O takes over the Q buffer (same tile shape and swizzle)
         # O overwrites the Q buffer: the Q cp.async must have landed (a tile that saw no key
         # never waited for it) and every warp must be done reading Q and V.
         cute.arch.cp_async_wait_group(0)

@@ -1,0 +1,36 @@
+"""What the sm80 forward kernel can tile, in plain Python (no DSL import): the planner and the
+kernel's ``can_implement`` share these rules."""
+
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+ELEM_BYTES = 2  # fp16 / bf16
+COPY_ELEMS = 8  # one 16-byte cp.async / store per thread per access
+
+
+def smem_bytes(head_dim: int, tile_m: int, tile_n: int) -> int:
+    """Q tile + one K tile + one V tile (O reuses the Q buffer)."""
+    return (tile_m + 2 * tile_n) * head_dim * ELEM_BYTES
+
+
+def rows_per_copy_pass(head_dim: int, num_threads: int) -> int:
+    """Rows one gmem<->smem copy pass covers: a swizzle-atom row is 64 (or 32) elements wide."""
+    atom_cols = 64 if head_dim % 64 == 0 else 32
+    return num_threads // (atom_cols // COPY_ELEMS)
+
+
+def can_implement(
+    head_dim: int, tile_m: int, tile_n: int, num_threads: int, smem_capacity: int
+) -> bool:
+    num_warps = num_threads // 32
+    rows_per_pass = rows_per_copy_pass(head_dim, num_threads)
+    return (
+        head_dim in SUPPORTED_HEAD_DIMS
+        and num_threads % 32 == 0
+        and num_warps >= 1
+        # Warps stack along M, 16 rows each per MMA; P feeds PV in k16 slices of the key tile.
+        and tile_m % (16 * num_warps) == 0
+        and tile_n % 16 == 0
+        # Copies move whole passes, so every tile is a whole number of them.
+        and tile_m % rows_per_pass == 0
+        and tile_n % rows_per_pass == 0
+        and smem_bytes(head_dim, tile_m, tile_n) <= smem_capacity
+    )
