@@ -75,10 +75,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 from typing import Optional, Sequence
 
 import torch
+
+from cuteattn.validate import check_window
 
 __all__ = ["attention"]
 
@@ -112,23 +113,6 @@ def _ieee_fp32_matmul(device: torch.device):
             yield
         finally:
             mm.allow_tf32 = prev_flag
-
-
-def _window_bound(value, name: str) -> Optional[int]:
-    """None / -1 -> None (unbounded); a non-negative int -> int; anything else -> ValueError."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"window_size {name} must be None or an int, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"window_size {name} must be None or an int, got {value!r}") from None
-    if value == -1:
-        return None
-    if value < 0:
-        raise ValueError(f"window_size {name} must be None, -1 (unbounded) or >= 0, got {value}")
-    return value
 
 
 def _visible_mask(
@@ -297,10 +281,8 @@ def attention(
 
     if window_size is None:
         window_size = (None, None)
-    if len(window_size) != 2:
-        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
-    left = _window_bound(window_size[0], "left")
-    right = _window_bound(window_size[1], "right")
+    # -1 (unbounded) -> None for the mask builder.
+    left, right = (None if b == -1 else b for b in check_window(window_size))
 
     scale = float(dim ** -0.5) if softmax_scale is None else float(softmax_scale)
     softcap = float(softcap) if softcap is not None else 0.0
