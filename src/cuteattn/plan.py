@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from cuteattn.kernels.sm80 import tiling
 from cuteattn.kernels.sm80.tiling import SUPPORTED_HEAD_DIMS
-from cuteattn.runtime.arch import ArchCaps
+from cuteattn.arch import ArchCaps
 
 DTYPES = ("bf16", "fp16")
 

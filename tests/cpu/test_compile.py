@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from cuteattn.plan import SUPPORTED_HEAD_DIMS, Problem, plan_forward
-from cuteattn.runtime.arch import arch_from_name
+from cuteattn.arch import arch_from_name
 from cuteattn.runtime.compile import compile_forward
 
 pytestmark = pytest.mark.compile

@@ -5,7 +5,7 @@ import pytest
 
 from cuteattn.kernels.sm80.forward import FlashForwardSm80
 from cuteattn.plan import SUPPORTED_HEAD_DIMS, Problem, plan_forward
-from cuteattn.runtime.arch import arch_from_capability, arch_from_name
+from cuteattn.arch import arch_from_capability, arch_from_name
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120a")
 
