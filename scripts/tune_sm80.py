@@ -50,7 +50,10 @@ def main():
         for tile_m, tile_n, threads in CANDIDATES[dim]:
             if not tiling.can_implement(dim, tile_m, tile_n, threads, arch.smem_per_block):
                 continue
-            plan = KernelPlan("sm80", arch.name, "bf16", dim, causal, tile_m, tile_n, threads)
+            plan = KernelPlan(
+                family="sm80", arch=arch.name, dtype="bf16", head_dim=dim, causal=causal,
+                tile_m=tile_m, tile_n=tile_n, num_threads=threads,
+            )
             calls[f"{tile_m}x{tile_n}/{threads}"] = (
                 lambda plan=plan: ops.forward(q, k, v, None, dim**-0.5, plan)
             )

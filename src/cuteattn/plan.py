@@ -3,15 +3,29 @@
 Pure Python. It reads shapes and flags, never tensor contents; it neither allocates nor
 synchronises. A plan holds exactly what changes the generated code, so it is the compile-cache
 key: batch and sequence lengths are runtime values and stay out of it.
+
+Kernel families are tried in preference order (``FAMILY_MODULES``: sm90 before sm80, so Hopper
+gets its own family once it exists). A family is skipped when it does not run on the arch or
+cannot take the problem; the first one left picks its first tiling that fits. What no family can
+do raises NotImplementedError naming each family's reason. ``plan_forward(problem, family=...)``
+forces one family, which is how tests and the benchmark reach every family on one GPU.
 """
 
+import functools
+import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from cuteattn.kernels.sm80 import tiling
-from cuteattn.kernels.sm80.tiling import SUPPORTED_HEAD_DIMS
 from cuteattn.arch import ArchCaps
 
+if TYPE_CHECKING:
+    from cuteattn.kernels.family import KernelFamily
+
 DTYPES = ("bf16", "fp16")
+
+# Family descriptor modules, most preferred first. A module that does not exist (a family not
+# written yet) is skipped; each one that exists exposes FAMILY, a KernelFamily.
+FAMILY_MODULES = ("cuteattn.kernels.sm90.family", "cuteattn.kernels.sm80.family")
 
 
 @dataclass(frozen=True)
@@ -30,7 +44,15 @@ class Problem:
 
 @dataclass(frozen=True)
 class KernelPlan:
-    family: str  # "sm80"
+    """One compiled kernel: the compile-cache key.
+
+    ``num_stages`` counts K/V buffers in shared memory (the sm80 family uses 1). ``options``
+    holds a family's own compile-time switches as (name, value) pairs sorted by name, e.g.
+    ``(("intra_wg_overlap", True), ("pingpong", False))``: one field that every family can use,
+    rather than a field per switch of one family on every plan. Read them with ``option``.
+    """
+
+    family: str  # a KernelFamily name: "sm80", "sm90"
     arch: str  # DSL target, e.g. "sm_90a"
     dtype: str
     head_dim: int
@@ -38,49 +60,112 @@ class KernelPlan:
     tile_m: int
     tile_n: int
     num_threads: int
+    num_stages: int = 1
+    options: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.options, tuple) or not all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+            for pair in self.options
+        ):
+            raise TypeError(f"options must be a tuple of (name, value) pairs, got {self.options!r}")
+        names = [name for name, _ in self.options]
+        if names != sorted(set(names)):
+            raise ValueError(f"option names must be unique and sorted, got {names}")
+
+    def option(self, name: str, default=None):
+        """The value of option ``name``, or ``default`` if the plan does not set it."""
+        return dict(self.options).get(name, default)
 
 
-# sm80 family tiles per (head dim, causal), in order of preference: (tile_m, tile_n, threads).
-# Measured on the H200 with scripts/tune_sm80.py (docs/PERF.md): causal d64 prefers narrower key
-# tiles (less work wasted on the diagonal); d256 prefers 64x64 with 4 warps at every length.
-# Later entries fit 99 KB of shared memory (sm_86/89/120).
-_SM80_TILES = {
-    (64, False): ((128, 128, 128), (128, 64, 128)),
-    (64, True): ((128, 64, 128),),
-    (96, False): ((128, 64, 128), (64, 64, 128)),
-    (96, True): ((128, 64, 128), (64, 64, 128)),
-    (128, False): ((128, 64, 128), (64, 64, 128)),
-    (128, True): ((128, 64, 128), (64, 64, 128)),
-    (192, False): ((128, 64, 256), (64, 64, 128)),
-    (192, True): ((128, 64, 256), (64, 64, 128)),
-    (256, False): ((64, 64, 128),),
-    (256, True): ((64, 64, 128),),
-}
+@functools.cache
+def families() -> tuple["KernelFamily", ...]:
+    """The kernel families that exist, in order of preference."""
+    loaded = []
+    for module_name in FAMILY_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            # Only the family module itself (or its package) may be missing; a missing import
+            # inside an existing family is a real error.
+            if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+                raise
+            continue
+        loaded.append(module.FAMILY)
+    return tuple(loaded)
 
 
-def plan_forward(problem: Problem) -> KernelPlan:
-    if problem.head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim {problem.head_dim} is not one of {SUPPORTED_HEAD_DIMS}")
-    if problem.head_dim_v != problem.head_dim:
-        raise NotImplementedError("dim_v != dim is not supported by any kernel yet")
+def family_names() -> tuple[str, ...]:
+    return tuple(family.name for family in families())
+
+
+def get_family(name: str) -> "KernelFamily":
+    for family in families():
+        if family.name == name:
+            return family
+    raise ValueError(
+        f"unknown kernel family {name!r} (known: {', '.join(family_names())})"
+    )
+
+
+def _plan_or_reason(family: "KernelFamily", problem: Problem) -> tuple[KernelPlan | None, str]:
+    if not family.supports(problem.arch):
+        return None, f"does not run on {problem.arch.name}"
+    reason = family.reject_reason(problem)
+    if reason is not None:
+        return None, reason
+    plan = family.choose(problem)
+    if plan is None:
+        smem_kb = problem.arch.smem_per_block // 1024
+        return None, (
+            f"no tiling of head_dim {problem.head_dim} fits {problem.arch.name}'s "
+            f"{smem_kb} KB of shared memory"
+        )
+    return plan, ""
+
+
+def plan_forward(problem: Problem, family: str | None = None) -> KernelPlan:
+    """The plan for ``problem``: the first family that can run it, or the ``family`` named."""
     if problem.dtype not in DTYPES:
         raise ValueError(f"dtype {problem.dtype!r} is not one of {DTYPES}")
-    if not problem.arch.mma_sync:
-        raise NotImplementedError(f"no kernel family runs on {problem.arch.name}")
-    for tile_m, tile_n, threads in _SM80_TILES[problem.head_dim, problem.causal]:
-        if tiling.can_implement(
-            problem.head_dim, tile_m, tile_n, threads, problem.arch.smem_per_block
-        ):
-            return KernelPlan(
-                family="sm80",
-                arch=problem.arch.name,
-                dtype=problem.dtype,
-                head_dim=problem.head_dim,
-                causal=problem.causal,
-                tile_m=tile_m,
-                tile_n=tile_n,
-                num_threads=threads,
-            )
+    if family is not None:
+        plan, reason = _plan_or_reason(get_family(family), problem)
+        if plan is None:
+            raise NotImplementedError(f"kernel family {family!r} cannot run this problem: {reason}")
+        return plan
+    reasons = []
+    for candidate in families():
+        plan, reason = _plan_or_reason(candidate, problem)
+        if plan is not None:
+            return plan
+        reasons.append(f"{candidate.name}: {reason}")
     raise NotImplementedError(
-        f"no sm80 tiling of head_dim {problem.head_dim} fits {problem.arch.name}'s shared memory"
+        f"no kernel family can run this problem on {problem.arch.name} ({'; '.join(reasons)})"
     )
+
+
+def check_plan(plan: KernelPlan, problem: Problem) -> KernelPlan:
+    """``plan`` itself, once it is known to match ``problem`` and to be implementable."""
+    if not isinstance(plan, KernelPlan):
+        raise TypeError(f"plan must be a cuteattn.plan.KernelPlan, got {type(plan).__name__}")
+    mismatches = [
+        f"{field} {planned!r} (the inputs have {actual!r})"
+        for field, planned, actual in (
+            ("dtype", plan.dtype, problem.dtype),
+            ("head_dim", plan.head_dim, problem.head_dim),
+            ("causal", plan.causal, problem.causal),
+            ("arch", plan.arch, problem.arch.name),
+        )
+        if planned != actual
+    ]
+    if mismatches:
+        raise ValueError(f"plan does not match the inputs: {', '.join(mismatches)}")
+    family = get_family(plan.family)
+    if not family.supports(problem.arch):
+        raise NotImplementedError(f"kernel family {plan.family!r} does not run on {plan.arch}")
+    reason = family.reject_reason(problem)
+    if reason is not None:
+        raise NotImplementedError(f"kernel family {plan.family!r} cannot run this problem: {reason}")
+    if not family.can_implement(plan, problem.arch):
+        raise ValueError(f"kernel family {plan.family!r} cannot implement {plan}")
+    return plan

@@ -1,8 +1,9 @@
-"""Every host-side input check. Each failure names the argument and the rule it broke.
+"""Host-side well-formedness checks. Each failure names the argument and the rule it broke.
 
 Checks run before any kernel launch and never synchronise with the GPU. Structural checks
 (types, ranks, dtypes, shapes) come before device checks, so a wrong shape is reported as such
-whatever device the tensors are on.
+whatever device the tensors are on. What a kernel family cannot do (a head dim it does not
+compile, a grid too large for it) is the planner's to say, with NotImplementedError.
 """
 
 import math
@@ -10,13 +11,11 @@ import operator
 
 import torch
 
-from cuteattn.plan import SUPPORTED_HEAD_DIMS
-
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-# cp.async / 128-bit stores move 16 bytes: 8 elements of a 16-bit dtype.
-ALIGN_ELEMS = 8
+# Kernels move rows in 16-byte accesses (cp.async, TMA, 128-bit stores).
 ALIGN_BYTES = 16
-MAX_GRID_YZ = 65535
+HEAD_DIM_MULTIPLE = 8
+MAX_HEAD_DIM = 256
 
 
 def _tensor(name: str, x) -> torch.Tensor:
@@ -95,11 +94,6 @@ def check_forward(q, k, v, out=None):
         )
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    # Batch and heads index grid dims y and z, which CUDA caps at 65535.
-    if batch > MAX_GRID_YZ or heads_q > MAX_GRID_YZ:
-        raise ValueError(
-            f"batch ({batch}) and heads of q ({heads_q}) must each be <= {MAX_GRID_YZ}"
-        )
     if seqlen_q < 1 or seqlen_k < 1:
         raise ValueError(f"seqlen_q and seqlen_k must be >= 1, got {seqlen_q} and {seqlen_k}")
     if heads_q < 1 or heads_kv < 1 or heads_q % heads_kv != 0:
@@ -107,10 +101,11 @@ def check_forward(q, k, v, out=None):
             f"heads of q ({heads_q}) must be a positive multiple of heads of k/v ({heads_kv})"
         )
     for name, d in (("q/k", dim), ("v", v.shape[3])):
-        if d % 8 != 0:
-            raise ValueError(f"head dim of {name} must be a multiple of 8, got {d}")
-        if d not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"head dim of {name} must be one of {SUPPORTED_HEAD_DIMS}, got {d}")
+        if d % HEAD_DIM_MULTIPLE != 0 or not HEAD_DIM_MULTIPLE <= d <= MAX_HEAD_DIM:
+            raise ValueError(
+                f"head dim of {name} must be a multiple of {HEAD_DIM_MULTIPLE} from "
+                f"{HEAD_DIM_MULTIPLE} to {MAX_HEAD_DIM}, got {d}"
+            )
     if out is not None:
         _tensor("out", out)
         expected = (batch, seqlen_q, heads_q, v.shape[3])
@@ -124,8 +119,9 @@ def check_forward(q, k, v, out=None):
             )
         if not kernel_addressable(out):
             raise ValueError(
-                "out must have a contiguous last dim, other strides that are multiples of 8 "
-                f"elements and a 16-byte aligned start; got strides {out.stride()}"
+                "out must have a contiguous last dim, other strides that are multiples of "
+                f"{ALIGN_BYTES // out.element_size()} elements (16 bytes) and a 16-byte aligned "
+                f"start; got strides {out.stride()}"
             )
 
 
@@ -142,7 +138,8 @@ def kernel_addressable(x: torch.Tensor) -> bool:
     """True when the kernel can read x in place: contiguous last dim, 16-byte aligned rows."""
     # Strides of size-1 dims count too: the compiled kernel declares every stride 16-byte
     # divisible, which a fresh compact copy satisfies when dim % 8 == 0.
-    if x.stride(-1) != 1 or any(s % ALIGN_ELEMS for s in x.stride()[:-1]):
+    align_elems = ALIGN_BYTES // x.element_size()
+    if x.stride(-1) != 1 or any(s % align_elems for s in x.stride()[:-1]):
         return False
     return x.data_ptr() % ALIGN_BYTES == 0
 

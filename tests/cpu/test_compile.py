@@ -1,30 +1,83 @@
-"""Compile checks (no GPU): every forward variant for sm_80, sm_90a and sm_120a, fake tensors.
+"""Compile checks (no GPU): forward kernels of every family compiled with fake tensors for sm_80,
+sm_90a and sm_120a, through the family registry and the planner's choices (so the 99 KB tilings
+of sm_120a are compiled too).
 
-The planner picks the tiling for each target, so this also compiles the 99 KB fallbacks.
+Marker ``compile``: a covering sample (each head dim of each family once per arch, both dtypes
+and both causal modes on every arch), run by default. Marker ``compile_full``: every (family,
+arch, head dim, causal, dtype); deselected by default, run with ``pytest -m compile_full``.
+``pytest -m compile`` runs both (plans compile once per process, so the overlap is free).
 """
-
-import itertools
 
 import pytest
 
-from cuteattn.plan import SUPPORTED_HEAD_DIMS, Problem, plan_forward
 from cuteattn.arch import arch_from_name
+from cuteattn.plan import Problem, families, plan_forward
 from cuteattn.runtime.compile import compile_forward
 
-pytestmark = pytest.mark.compile
-
 TARGETS = ("sm_80", "sm_90a", "sm_120a")
+DTYPES = ("bf16", "fp16")
 
 
-@pytest.mark.parametrize(
-    "arch,head_dim,causal,dtype",
-    list(itertools.product(TARGETS, SUPPORTED_HEAD_DIMS, (False, True), ("bf16", "fp16"))),
-)
-def test_forward_compiles(arch, head_dim, causal, dtype):
+def full_matrix():
+    for arch in TARGETS:
+        for family in families():
+            if not family.supports(arch_from_name(arch)):
+                continue
+            for head_dim in family.head_dims:
+                for causal in (False, True):
+                    for dtype in DTYPES:
+                        yield family.name, arch, head_dim, causal, dtype
+
+
+def covering_sample():
+    """Head dim j of a family on target i: causal when j is odd, dtype alternating every two
+    head dims (shifted per target), so each arch sees all four (causal, dtype) pairs."""
+    for i, arch in enumerate(TARGETS):
+        for family in families():
+            if not family.supports(arch_from_name(arch)):
+                continue
+            for j, head_dim in enumerate(family.head_dims):
+                yield family.name, arch, head_dim, j % 2 == 1, DTYPES[(j // 2 + i) % 2]
+
+
+def case_id(case):
+    family, arch, head_dim, causal, dtype = case
+    return f"{family}-{arch}-d{head_dim}-{'causal' if causal else 'full'}-{dtype}"
+
+
+def compile_case(family, arch, head_dim, causal, dtype):
     plan = plan_forward(
         Problem(
             batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
             head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
-        )
+        ),
+        family=family,
     )
+    assert (plan.family, plan.arch) == (family, arch_from_name(arch).name)
     assert compile_forward(plan) is not None
+
+
+def test_sample_covers_every_head_dim_dtype_and_mode_per_arch():
+    sample = list(covering_sample())
+    for arch in TARGETS:
+        for family in families():
+            if not family.supports(arch_from_name(arch)):
+                continue
+            cases = [c for c in sample if c[:2] == (family.name, arch)]
+            assert sorted(c[2] for c in cases) == sorted(family.head_dims)
+            if len(family.head_dims) >= 4:
+                assert {(c[3], c[4]) for c in cases} == {(a, b) for a in (False, True) for b in DTYPES}
+    assert set(sample) <= set(full_matrix())
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", list(covering_sample()), ids=case_id)
+def test_forward_compiles(case):
+    compile_case(*case)
+
+
+@pytest.mark.compile
+@pytest.mark.compile_full
+@pytest.mark.parametrize("case", list(full_matrix()), ids=case_id)
+def test_forward_compiles_full_matrix(case):
+    compile_case(*case)

@@ -1,11 +1,24 @@
-"""Planner: choices per arch, shared-memory fit, errors, and a golden snapshot of compile keys."""
+"""Planner: the family registry, choices per arch, shared-memory fit, forced families, errors, and
+a golden snapshot of whole plans (the compile keys)."""
 
+import dataclasses
 
 import pytest
 
+from cuteattn.arch import KNOWN_ARCHS, arch_from_name
+from cuteattn.kernels.family import KernelFamily
 from cuteattn.kernels.sm80.forward import FlashForwardSm80
-from cuteattn.plan import SUPPORTED_HEAD_DIMS, Problem, plan_forward
-from cuteattn.arch import arch_from_capability, arch_from_name
+from cuteattn.kernels.sm80.tiling import SUPPORTED_HEAD_DIMS
+from cuteattn.plan import (
+    FAMILY_MODULES,
+    KernelPlan,
+    Problem,
+    check_plan,
+    families,
+    family_names,
+    get_family,
+    plan_forward,
+)
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120a")
 
@@ -13,22 +26,52 @@ ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120a")
 def problem(head_dim=128, causal=False, arch="sm_90a", **overrides):
     fields = dict(
         batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=8, heads_kv=2, head_dim=head_dim,
-        head_dim_v=head_dim, dtype="bf16", causal=causal, arch=arch_from_name(arch),
+        head_dim_v=head_dim, dtype="bf16", causal=causal,
+        arch=arch_from_name(arch) if isinstance(arch, str) else arch,
     )
     fields.update(overrides)
     return Problem(**fields)
 
 
+def sm80_plan(**fields):
+    base = dict(
+        family="sm80", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
+        tile_n=64, num_threads=128,
+    )
+    base.update(fields)
+    return KernelPlan(**base)
+
+
+def test_registry_lists_existing_families_in_preference_order():
+    names = family_names()
+    assert "sm80" in names
+    assert all(isinstance(family, KernelFamily) for family in families())
+    order = [m.rsplit(".", 2)[-2] for m in FAMILY_MODULES]
+    assert list(names) == [name for name in order if name in names]
+    assert get_family("sm80").name == "sm80"
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
-def test_every_plan_is_implementable_and_fits(arch, causal, head_dim):
+def test_every_sm80_plan_is_implementable_and_fits(arch, causal, head_dim):
     caps = arch_from_name(arch)
-    plan = plan_forward(problem(head_dim, causal, arch))
+    plan = plan_forward(problem(head_dim, causal, arch), family="sm80")
     assert plan.family == "sm80" and plan.arch == caps.name
+    assert get_family("sm80").can_implement(plan, caps)
     assert FlashForwardSm80.can_implement(
         head_dim, plan.tile_m, plan.tile_n, plan.num_threads, caps.smem_per_block
     )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_default_plan_comes_from_the_first_family_that_runs(arch, head_dim):
+    caps = arch_from_name(arch)
+    plan = plan_forward(problem(head_dim, True, arch))
+    first = next(f for f in families() if f.supports(caps) and f.choose(problem(head_dim, True, arch)))
+    assert plan.family == first.name
+    assert get_family(plan.family).can_implement(plan, caps)
 
 
 def test_plan_ignores_runtime_sizes():
@@ -43,37 +86,170 @@ def test_plans_are_hashable_cache_keys():
     assert len(plans) == 2 * len(SUPPORTED_HEAD_DIMS)
 
 
+@pytest.mark.parametrize("head_dim", (32, 40, 72, 160))
+def test_head_dims_no_family_supports(head_dim):
+    with pytest.raises(NotImplementedError, match=rf"head_dim {head_dim} is not one of \(64, 96"):
+        plan_forward(problem(head_dim=head_dim))
+    with pytest.raises(NotImplementedError, match=r"kernel family 'sm80' cannot run"):
+        plan_forward(problem(head_dim=head_dim), family="sm80")
+
+
 def test_unsupported_requests():
-    with pytest.raises(ValueError, match="head_dim 40"):
-        plan_forward(problem(head_dim=40))
     with pytest.raises(NotImplementedError, match="dim_v != dim"):
         plan_forward(problem(head_dim=128, head_dim_v=64))
-    with pytest.raises(NotImplementedError, match="compute capability 7.5"):
-        arch_from_capability(7, 5)
+    with pytest.raises(ValueError, match="dtype 'fp32'"):
+        plan_forward(problem(dtype="fp32"))
 
 
-# Golden compile keys: a change of tiling must show up here as a reviewed diff.
+@pytest.mark.parametrize("sizes", ({"batch": 65536}, {"heads_q": 65536, "heads_kv": 1}))
+def test_sm80_grid_limits(sizes):
+    """The sm80 family puts heads and batch on grid y and z, which CUDA caps at 65535."""
+    with pytest.raises(NotImplementedError, match=r"must each be <= 65535"):
+        plan_forward(problem(**sizes), family="sm80")
+    plan_forward(problem(batch=65535, heads_q=65535, heads_kv=5), family="sm80")
+
+
+def test_forced_family():
+    plan = plan_forward(problem(128, True, "sm_120a"), family="sm80")
+    assert (plan.family, plan.arch) == ("sm80", "sm_120a")
+
+
+def test_forced_unknown_family_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown kernel family 'sm70' \(known: .*sm80"):
+        plan_forward(problem(), family="sm70")
+    with pytest.raises(ValueError, match=r"unknown kernel family"):
+        get_family("")
+
+
+def test_forced_family_that_does_not_run_on_the_arch():
+    class NeedsWgmma(KernelFamily):
+        name = "wgmma-only"
+        head_dims = SUPPORTED_HEAD_DIMS
+
+        def supports(self, arch):
+            return arch.wgmma
+
+        def candidates(self, problem):
+            return (sm80_plan(family=self.name, arch=problem.arch.name),)
+
+        def can_implement(self, plan, arch):
+            return True
+
+        def kernel(self, plan):
+            raise AssertionError("not compiled here")
+
+    family = NeedsWgmma()
+    from cuteattn import plan as plan_module
+
+    assert plan_module._plan_or_reason(family, problem(arch="sm_80"))[1] == "does not run on sm_80"
+    assert plan_module._plan_or_reason(family, problem(arch="sm_90a"))[0].family == "wgmma-only"
+
+
+def test_no_tiling_fits_is_reported():
+    tiny = dataclasses.replace(arch_from_name("sm_80"), name="sm_tiny", smem_per_block=8 * 1024)
+    with pytest.raises(NotImplementedError, match=r"no tiling of head_dim 128 fits sm_tiny's 8 KB"):
+        plan_forward(problem(arch=tiny), family="sm80")
+
+
+def test_plan_options_are_canonical():
+    plan = sm80_plan(options=(("a", 1), ("b", True)))
+    assert plan.option("b") is True and plan.option("c", 7) == 7
+    with pytest.raises(ValueError, match="unique and sorted"):
+        sm80_plan(options=(("b", 1), ("a", 2)))
+    with pytest.raises(TypeError, match="pairs"):
+        sm80_plan(options=("a",))
+
+
+def test_check_plan_accepts_the_planned_plan():
+    prob = problem(64, True)
+    plan = plan_forward(prob, family="sm80")
+    assert check_plan(plan, prob) is plan
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"dtype": "fp16"}, r"dtype 'fp16' \(the inputs have 'bf16'\)"),
+        ({"head_dim": 64}, r"head_dim 64 \(the inputs have 128\)"),
+        ({"causal": True}, r"causal True \(the inputs have False\)"),
+        ({"arch": "sm_80"}, r"arch 'sm_80' \(the inputs have 'sm_90a'\)"),
+    ],
+)
+def test_check_plan_rejects_a_plan_for_other_inputs(change, message):
+    with pytest.raises(ValueError, match=message):
+        check_plan(sm80_plan(**change), problem(128, False))
+
+
+def test_check_plan_rejects_unimplementable_plans():
+    with pytest.raises(ValueError, match=r"cannot implement"):
+        check_plan(sm80_plan(tile_m=100), problem())
+    with pytest.raises(ValueError, match=r"cannot implement"):
+        check_plan(sm80_plan(num_stages=2), problem())
+    with pytest.raises(ValueError, match=r"unknown kernel family"):
+        check_plan(sm80_plan(family="nope"), problem())
+    with pytest.raises(TypeError, match=r"KernelPlan"):
+        check_plan((128, 64, 128), problem())
+    with pytest.raises(NotImplementedError, match=r"must each be <= 65535"):
+        check_plan(sm80_plan(), problem(batch=70000))
+
+
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_every_plan_covers_each_arch_choice_once(head_dim, causal):
+    family = get_family("sm80")
+    h200 = arch_from_name("sm_90a")
+    plans = family.every_plan(dtype="fp16", head_dim=head_dim, causal=causal, run_on=h200)
+    assert len(plans) == len(set(plans)) >= 1
+    assert all(p.arch == "sm_90a" and family.can_implement(p, h200) for p in plans)
+    chosen = {
+        dataclasses.replace(plan_forward(problem(head_dim, causal, caps.name, dtype="fp16"),
+                                         family="sm80"), arch="sm_90a")
+        for caps in KNOWN_ARCHS.values()
+    }
+    assert set(plans) == chosen
+    # A 99 KB machine cannot run the 163/227 KB tiles: they are left out there.
+    small = family.every_plan(
+        dtype="fp16", head_dim=head_dim, causal=causal, run_on=arch_from_name("sm_86")
+    )
+    assert all(family.can_implement(p, arch_from_name("sm_86")) for p in small)
+
+
+# Golden compile keys: a change of plan must show up here as a reviewed diff. Keys are
+# (arch, head_dim, causal, dtype, forced family or None for the planner's own choice).
 GOLDEN = {
-    ("sm_90a", 64, False): (128, 128, 128),
-    ("sm_90a", 64, True): (128, 64, 128),
-    ("sm_90a", 96, False): (128, 64, 128),
-    ("sm_90a", 128, False): (128, 64, 128),
-    ("sm_90a", 128, True): (128, 64, 128),
-    ("sm_90a", 192, False): (128, 64, 256),
-    ("sm_90a", 256, False): (64, 64, 128),
-    ("sm_90a", 256, True): (64, 64, 128),
-    ("sm_80", 192, True): (128, 64, 256),
-    ("sm_86", 192, False): (128, 64, 256),
-    ("sm_120a", 128, True): (128, 64, 128),
-    ("sm_120a", 256, False): (64, 64, 128),
+    ("sm_80", 64, False, "bf16", None): sm80_plan(arch="sm_80", head_dim=64, tile_n=128),
+    ("sm_80", 192, True, "fp16", None): sm80_plan(
+        arch="sm_80", dtype="fp16", head_dim=192, causal=True, num_threads=256
+    ),
+    ("sm_86", 64, False, "bf16", None): sm80_plan(arch="sm_86", head_dim=64, tile_n=128),
+    ("sm_86", 192, False, "bf16", None): sm80_plan(arch="sm_86", head_dim=192, num_threads=256),
+    ("sm_86", 256, True, "fp16", None): sm80_plan(
+        arch="sm_86", dtype="fp16", head_dim=256, causal=True, tile_m=64
+    ),
+    ("sm_90a", 64, False, "bf16", "sm80"): sm80_plan(head_dim=64, tile_n=128),
+    ("sm_90a", 64, True, "bf16", "sm80"): sm80_plan(head_dim=64, causal=True),
+    ("sm_90a", 96, False, "fp16", "sm80"): sm80_plan(dtype="fp16", head_dim=96),
+    ("sm_90a", 128, False, "bf16", "sm80"): sm80_plan(),
+    ("sm_90a", 128, True, "bf16", "sm80"): sm80_plan(causal=True),
+    ("sm_90a", 192, False, "bf16", "sm80"): sm80_plan(head_dim=192, num_threads=256),
+    ("sm_90a", 256, False, "bf16", "sm80"): sm80_plan(head_dim=256, tile_m=64),
+    ("sm_90a", 256, True, "fp16", "sm80"): sm80_plan(
+        dtype="fp16", head_dim=256, causal=True, tile_m=64
+    ),
+    ("sm_120a", 64, False, "bf16", None): sm80_plan(arch="sm_120a", head_dim=64, tile_n=128),
+    ("sm_120a", 128, True, "bf16", None): sm80_plan(arch="sm_120a", causal=True),
+    ("sm_120a", 192, True, "fp16", None): sm80_plan(
+        arch="sm_120a", dtype="fp16", head_dim=192, causal=True, num_threads=256
+    ),
+    ("sm_120a", 256, False, "bf16", None): sm80_plan(arch="sm_120a", head_dim=256, tile_m=64),
 }
 
 
-@pytest.mark.parametrize("key", sorted(GOLDEN))
-def test_golden_compile_keys(key):
-    arch, head_dim, causal = key
-    plan = plan_forward(problem(head_dim, causal, arch))
-    assert (plan.tile_m, plan.tile_n, plan.num_threads) == GOLDEN[key]
+@pytest.mark.parametrize("key", sorted(GOLDEN, key=str), ids=str)
+def test_golden_plans(key):
+    arch, head_dim, causal, dtype, family = key
+    plan = plan_forward(problem(head_dim, causal, arch, dtype=dtype), family=family)
+    assert plan == GOLDEN[key]
 
 
 def test_can_implement_requires_whole_copy_passes():

@@ -9,6 +9,8 @@ import torch
 
 import cuteattn
 from cuteattn import validate
+from cuteattn.arch import arch_from_name
+from cuteattn.plan import Problem, plan_forward
 
 
 def qkv(batch=2, seqlen_q=16, seqlen_k=24, heads_q=4, heads_kv=2, dim=64, dtype=torch.bfloat16):
@@ -20,6 +22,15 @@ def qkv(batch=2, seqlen_q=16, seqlen_k=24, heads_q=4, heads_kv=2, dim=64, dtype=
 
 def call(q, k, v, **kwargs):
     return cuteattn.flash_attn_func(q, k, v, **kwargs)
+
+
+def problem_of(q, k, v, arch="sm_90a"):
+    batch, seqlen_q, heads_q, dim = q.shape
+    return Problem(
+        batch=batch, seqlen_q=seqlen_q, seqlen_k=k.shape[1], heads_q=heads_q,
+        heads_kv=k.shape[2], head_dim=dim, head_dim_v=v.shape[3],
+        dtype=validate.DTYPES[q.dtype], causal=False, arch=arch_from_name(arch),
+    )
 
 
 def test_not_a_tensor():
@@ -52,11 +63,20 @@ def test_heads_not_divisible():
         call(q, k, v)
 
 
-@pytest.mark.parametrize("dim", [32, 40, 160, 512])
-def test_unsupported_head_dim(dim):
+@pytest.mark.parametrize("dim", [264, 512])
+def test_head_dim_above_256(dim):
     q, k, v = qkv(dim=dim)
-    with pytest.raises(ValueError, match=r"head dim of q/k must be one of"):
+    with pytest.raises(ValueError, match=r"head dim of q/k must be a multiple of 8 from 8 to 256"):
         call(q, k, v)
+
+
+@pytest.mark.parametrize("dim", [32, 40, 160])
+def test_head_dims_without_a_kernel_are_the_planners_to_reject(dim):
+    """Well-formed head dims pass validation; the planner says no family supports them."""
+    q, k, v = qkv(dim=dim)
+    validate.check_forward(q, k, v)
+    with pytest.raises(NotImplementedError, match=rf"head_dim {dim} is not one of"):
+        plan_forward(problem_of(q, k, v))
 
 
 def test_head_dim_not_multiple_of_8():
@@ -215,9 +235,11 @@ def test_empty_dims(which):
 
 
 def test_batch_beyond_grid_limit():
+    """Well-formed; the sm80 family's grid cannot hold it, which the planner reports."""
     q, k, v = qkv(batch=65536, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1)
-    with pytest.raises(ValueError, match=r"must each be <= 65535"):
-        call(q, k, v)
+    validate.check_forward(q, k, v)
+    with pytest.raises(NotImplementedError, match=r"must each be <= 65535"):
+        plan_forward(problem_of(q, k, v))
 
 
 def test_out_with_overlapping_elements():

@@ -51,6 +51,7 @@ LOG2_E = math.log2(math.e)
 class FlashForwardSm80:
     def __init__(
         self,
+        *,
         dtype: type[cutlass.Numeric],
         head_dim: int,
         tile_m: int,

@@ -1,0 +1,104 @@
+"""What a kernel family is to the planner and the compiler, in plain Python (no DSL import).
+
+A family is one way of computing attention on a class of GPUs (sm80: warp mma.sync + cp.async;
+sm90: TMA + WGMMA). Each family module ``kernels/<family>/family.py`` exposes ``FAMILY``, an
+instance of a ``KernelFamily`` subclass; ``cuteattn.plan`` walks them in preference order, and
+``cuteattn.runtime.compile`` builds a plan's kernel through its family without knowing which
+one it is. Kernel classes, and the DSL with them, are imported only inside ``kernel``.
+
+Family descriptors read the planner's records (``Problem``, ``KernelPlan``) from
+``cuteattn.plan``; the planner loads the descriptors lazily by module name, so neither imports
+the other while loading.
+"""
+
+import abc
+import dataclasses
+from typing import ClassVar
+
+from cuteattn.arch import KNOWN_ARCHS, ArchCaps
+from cuteattn.plan import KernelPlan, Problem
+
+
+class KernelFamily(abc.ABC):
+    """A kernel family's capabilities, tilings and kernels.
+
+    Subclasses set ``name`` (the ``KernelPlan.family`` value) and ``head_dims`` (what its
+    kernels compile), and implement ``supports``, ``candidates``, ``can_implement`` and
+    ``kernel``.
+    """
+
+    name: ClassVar[str]
+    head_dims: ClassVar[tuple[int, ...]]
+
+    @abc.abstractmethod
+    def supports(self, arch: ArchCaps) -> bool:
+        """Whether the family's kernels run on ``arch``, judged by its capabilities."""
+
+    def reject_reason(self, problem: Problem) -> str | None:
+        """Why the family cannot take ``problem`` whatever the tiling, or None if it can.
+
+        The default covers head dims; families add their own limits (grid sizes, say).
+        """
+        if problem.head_dim not in self.head_dims:
+            return f"head_dim {problem.head_dim} is not one of {self.head_dims}"
+        if problem.head_dim_v != problem.head_dim:
+            return "dim_v != dim is not supported yet"
+        return None
+
+    @abc.abstractmethod
+    def candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
+        """The plans the family would try for ``problem``, best first, before any fit test."""
+
+    @abc.abstractmethod
+    def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
+        """Whether ``plan`` compiles to a correct kernel that fits ``arch`` (shared memory)."""
+
+    @abc.abstractmethod
+    def kernel(self, plan: KernelPlan):
+        """The forward kernel object for ``plan``, ready for ``cute.compile``.
+
+        Called as ``kernel(q, k, v, out, lse, softmax_scale, stream)`` with the tensors of
+        ``fake_forward_args``.
+        """
+
+    def fake_forward_args(self, plan: KernelPlan) -> tuple:
+        """(q, k, v, out, lse) fake DSL tensors to compile ``plan``'s kernel with."""
+        from cuteattn.kernels.common.compile_args import fake_forward_args
+
+        return fake_forward_args(plan)
+
+    def choose(self, problem: Problem) -> KernelPlan | None:
+        """The first candidate that ``can_implement`` on the problem's arch, or None."""
+        for plan in self.candidates(problem):
+            if self.can_implement(plan, problem.arch):
+                return plan
+        return None
+
+    def every_plan(
+        self, *, dtype: str, head_dim: int, causal: bool, run_on: ArchCaps
+    ) -> tuple[KernelPlan, ...]:
+        """Every distinct plan the family chooses on some known arch, retargeted to ``run_on``.
+
+        Lets one GPU run each tiling that any architecture would get, once; plans that cannot
+        run on ``run_on`` (tiles larger than its shared memory) are left out.
+        """
+        plans = []
+        for arch in KNOWN_ARCHS.values():
+            if not self.supports(arch):
+                continue
+            problem = Problem(
+                batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+                head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch,
+            )
+            if self.reject_reason(problem) is not None:
+                continue
+            chosen = self.choose(problem)
+            if chosen is None:
+                continue
+            plan = dataclasses.replace(chosen, arch=run_on.name)
+            if plan not in plans and self.can_implement(plan, run_on):
+                plans.append(plan)
+        return tuple(plans)
+
+    def __repr__(self) -> str:
+        return f"<kernel family {self.name}>"

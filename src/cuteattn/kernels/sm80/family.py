@@ -1,0 +1,90 @@
+"""The sm80 family to the planner: warp mma.sync + cp.async, on every arch that has both
+(sm_80/86/89, Hopper as a fallback, sm_120). Plain Python; the kernel is imported lazily."""
+
+from cuteattn.arch import ArchCaps
+from cuteattn.kernels.family import KernelFamily
+from cuteattn.kernels.sm80 import tiling
+from cuteattn.plan import DTYPES, KernelPlan, Problem
+
+# CUDA caps grid dims y and z at 65535; the kernel puts heads on y and batch on z.
+MAX_GRID_YZ = 65535
+
+# Tiles per (head dim, causal), in order of preference: (tile_m, tile_n, threads).
+# Measured on the H200 with scripts/tune_sm80.py (docs/PERF.md): causal d64 prefers narrower key
+# tiles (less work wasted on the diagonal); d256 prefers 64x64 with 4 warps at every length.
+# Later entries fit 99 KB of shared memory (sm_86/89/120).
+SM80_TILES = {
+    (64, False): ((128, 128, 128), (128, 64, 128)),
+    (64, True): ((128, 64, 128),),
+    (96, False): ((128, 64, 128), (64, 64, 128)),
+    (96, True): ((128, 64, 128), (64, 64, 128)),
+    (128, False): ((128, 64, 128), (64, 64, 128)),
+    (128, True): ((128, 64, 128), (64, 64, 128)),
+    (192, False): ((128, 64, 256), (64, 64, 128)),
+    (192, True): ((128, 64, 256), (64, 64, 128)),
+    (256, False): ((64, 64, 128),),
+    (256, True): ((64, 64, 128),),
+}
+
+
+class Sm80Family(KernelFamily):
+    name = "sm80"
+    head_dims = tiling.SUPPORTED_HEAD_DIMS
+
+    def supports(self, arch: ArchCaps) -> bool:
+        return arch.mma_sync and arch.cp_async
+
+    def reject_reason(self, problem: Problem) -> str | None:
+        reason = super().reject_reason(problem)
+        if reason is None and (problem.batch > MAX_GRID_YZ or problem.heads_q > MAX_GRID_YZ):
+            reason = (
+                f"batch ({problem.batch}) and heads of q ({problem.heads_q}) must each be "
+                f"<= {MAX_GRID_YZ} (one CTA per query tile, heads and batch on grid y and z)"
+            )
+        return reason
+
+    def candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
+        tiles = SM80_TILES.get((problem.head_dim, problem.causal), ())
+        return tuple(
+            KernelPlan(
+                family=self.name,
+                arch=problem.arch.name,
+                dtype=problem.dtype,
+                head_dim=problem.head_dim,
+                causal=problem.causal,
+                tile_m=tile_m,
+                tile_n=tile_n,
+                num_threads=num_threads,
+            )
+            for tile_m, tile_n, num_threads in tiles
+        )
+
+    def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
+        return (
+            plan.family == self.name
+            and plan.arch == arch.name
+            and self.supports(arch)
+            and plan.dtype in DTYPES
+            # One stage of K and V in shared memory, and no family-specific switches.
+            and plan.num_stages == 1
+            and plan.options == ()
+            and tiling.can_implement(
+                plan.head_dim, plan.tile_m, plan.tile_n, plan.num_threads, arch.smem_per_block
+            )
+        )
+
+    def kernel(self, plan: KernelPlan):
+        from cuteattn.kernels.common.compile_args import dsl_dtype
+        from cuteattn.kernels.sm80.forward import FlashForwardSm80
+
+        return FlashForwardSm80(
+            dtype=dsl_dtype(plan.dtype),
+            head_dim=plan.head_dim,
+            tile_m=plan.tile_m,
+            tile_n=plan.tile_n,
+            num_threads=plan.num_threads,
+            causal=plan.causal,
+        )
+
+
+FAMILY = Sm80Family()
