@@ -1,12 +1,14 @@
 """Public entry points with flash-attn's argument names and (batch, seqlen, heads, dim) layout.
 
-Normalise arguments -> validate -> plan -> ops. No DSL code here.
+Normalise arguments -> validate -> plan -> ops. No DSL code here. ``forward`` is the internal
+entry that ``flash_attn_func`` calls; tests and the benchmark call it to force a kernel family
+or run an explicit plan.
 """
 
 import torch
 
 from cuteattn import ops, validate
-from cuteattn.plan import Problem, plan_forward
+from cuteattn.plan import KernelPlan, Problem, check_plan, get_family, plan_forward
 from cuteattn.runtime.arch import device_arch
 
 
@@ -52,11 +54,45 @@ def flash_attn_func(
     with ``return_lse``; lse is (batch, heads_q, seqlen_q) fp32, natural log. Rows that see no
     key get out = 0 and lse = -inf.
     """
+    out, lse = forward(
+        q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        softcap=softcap, out=out,
+    )
+    return (out, lse) if return_lse else out
+
+
+def forward(
+    q,
+    k,
+    v,
+    *,
+    softmax_scale=None,
+    causal=False,
+    window_size=(None, None),
+    softcap=0.0,
+    out=None,
+    family: str | None = None,
+    plan: KernelPlan | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flash_attn_func``'s work, returning (out, lse); for tests and benchmarks.
+
+    ``family`` forces a kernel family by name (NotImplementedError if it cannot run the
+    problem on this device); ``plan`` runs an explicit KernelPlan, which must match the inputs
+    (dtype, head dim, causal, the device's arch) and be implementable by its family. Both are
+    read at call time; give at most one.
+    """
     validate.check_forward(q, k, v, out)
     validate.check_scalars(softmax_scale, softcap)
     causal = resolve_causal(causal, window_size)
     if softcap != 0.0:
         raise NotImplementedError("softcap is not supported by any kernel yet")
+    if family is not None and plan is not None:
+        raise ValueError("give family or plan, not both (a plan names its family)")
+    # Unknown names and wrong types are reported before the device check.
+    if family is not None:
+        get_family(family)
+    if plan is not None and not isinstance(plan, KernelPlan):
+        raise TypeError(f"plan must be a cuteattn.plan.KernelPlan, got {type(plan).__name__}")
     validate.check_devices(q, k, v, out)
     if _requires_grad(q, k, v):
         raise NotImplementedError(
@@ -79,5 +115,8 @@ def flash_attn_func(
         causal=causal,
         arch=device_arch(q.device),
     )
-    out, lse = ops.forward(q, k, v, out, float(softmax_scale), plan_forward(problem))
-    return (out, lse) if return_lse else out
+    if plan is None:
+        plan = plan_forward(problem, family=family)
+    else:
+        check_plan(plan, problem)
+    return ops.forward(q, k, v, out, float(softmax_scale), plan)

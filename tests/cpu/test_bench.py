@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from cuteattn.bench.__main__ import build_parser, grid_from_args, main
-from cuteattn.bench.backends import BACKEND_NAMES, UnknownBackendError, one_line, parse_backend_names
+from cuteattn.bench.backends import (
+    BACKEND_NAMES,
+    DEFAULT_BACKENDS,
+    UnknownBackendError,
+    load_backend,
+    one_line,
+    parse_backend_names,
+)
+from cuteattn.plan import family_names
 from cuteattn.bench.runner import (
     RATIO_COLUMN,
     Shape,
@@ -41,7 +49,7 @@ def test_default_grid_covers_spec():
 
 def test_default_args():
     args = build_parser().parse_args([])
-    assert args.backends == list(BACKEND_NAMES)
+    assert args.backends == list(DEFAULT_BACKENDS)
     assert (args.dtype, args.tokens, args.hidden, args.rounds, args.iters) == ("bf16", 32768, 2048, 5, 10)
     assert args.csv is None
 
@@ -155,6 +163,31 @@ def test_unknown_backend_lists_valid_names(capsys):
     assert excinfo.value.code == 2
     err = capsys.readouterr().err
     assert "unknown backend(s): nope" in err and "sdpa-cudnn" in err
+
+
+def test_every_family_is_a_backend():
+    assert set(DEFAULT_BACKENDS) <= set(BACKEND_NAMES)
+    for name in family_names():
+        assert f"cuteattn-{name}" in BACKEND_NAMES
+        assert f"cuteattn-{name}" not in DEFAULT_BACKENDS
+    assert parse_backend_names("cuteattn-sm80,cuteattn") == ["cuteattn-sm80", "cuteattn"]
+    args = build_parser().parse_args(["--backends", "cuteattn,cuteattn-sm80"])
+    assert args.backends == ["cuteattn", "cuteattn-sm80"]
+
+
+def test_family_backend_forces_its_family(monkeypatch):
+    from cuteattn import api
+
+    calls = []
+
+    def fake_forward(q, k, v, **kwargs):
+        calls.append(kwargs)
+        return "out", "lse"
+
+    monkeypatch.setattr(api, "forward", fake_forward)
+    call = load_backend("cuteattn-sm80")("q", "k", "v", True)
+    assert call() == "out"
+    assert calls == [{"causal": True, "family": "sm80"}]
 
 
 def test_one_line_keeps_type_and_first_line():

@@ -8,7 +8,15 @@ from typing import Sequence
 
 import torch
 
-from .backends import BACKEND_NAMES, Binder, UnknownBackendError, load_backend, one_line, parse_backend_names
+from .backends import (
+    BACKEND_NAMES,
+    DEFAULT_BACKENDS,
+    Binder,
+    UnknownBackendError,
+    load_backend,
+    one_line,
+    parse_backend_names,
+)
 from .runner import (
     CAUSAL_MODES,
     FLOPS_NOTE,
@@ -61,8 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
-        "--backends", type=_backend_list, default=list(BACKEND_NAMES),
-        help=f"comma-separated subset of {','.join(BACKEND_NAMES)} (default: all that load)",
+        "--backends", type=_backend_list, default=list(DEFAULT_BACKENDS),
+        help=(
+            f"comma-separated subset of {','.join(BACKEND_NAMES)}; cuteattn-<family> forces "
+            f"one kernel family (default: {','.join(DEFAULT_BACKENDS)}, those that load)"
+        ),
     )
     parser.add_argument("--dims", type=_positive_int_list, default=[64, 128, 256],
                         help="head dims (default: 64,128,256)")

@@ -6,7 +6,8 @@ per-shape setup (views, keyword plumbing) is not measured. Inputs always arrive 
 layout (batch, seqlen, heads, dim).
 
 Libraries are imported only when an adapter is loaded: listing or rejecting backend names must
-work on machines without the CuTe DSL, flash-attn or a GPU.
+work on machines without the CuTe DSL, flash-attn or a GPU. ``cuteattn`` is the planner's
+choice; ``cuteattn-<family>`` forces one kernel family (one backend per registered family).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class UnknownBackendError(ValueError):
 
 
 def _load_cuteattn() -> Binder:
-    import cuteattn  # late: the package pulls in the CuTe DSL
+    import cuteattn  # late: keeps listing backends cheap; compiling pulls in the CuTe DSL
 
     attention = cuteattn.flash_attn_func
 
@@ -32,6 +33,21 @@ def _load_cuteattn() -> Binder:
         return lambda: attention(q, k, v, causal=causal)
 
     return bind
+
+
+def _cuteattn_family_loader(family: str) -> Callable[[], Binder]:
+    """cuteattn with one kernel family forced (``api.forward(family=...)``), so families can be
+    timed side by side on one GPU; a family that cannot run a shape is skipped there."""
+
+    def load() -> Binder:
+        from cuteattn import api
+
+        def bind(q, k, v, causal):
+            return lambda: api.forward(q, k, v, causal=causal, family=family)[0]
+
+        return bind
+
+    return load
 
 
 def _sdpa_loader(sdp_backend: str) -> Callable[[], Binder]:
@@ -71,13 +87,24 @@ def _load_fa4() -> Binder:
     return bind
 
 
+def _family_loaders() -> dict[str, Callable[[], Binder]]:
+    # The family registry is plain Python (no DSL import), so listing it here stays cheap.
+    from cuteattn.plan import family_names
+
+    return {f"cuteattn-{name}": _cuteattn_family_loader(name) for name in family_names()}
+
+
 LOADERS: dict[str, Callable[[], Binder]] = {
     "cuteattn": _load_cuteattn,
     "sdpa-flash": _sdpa_loader("FLASH_ATTENTION"),
     "sdpa-cudnn": _sdpa_loader("CUDNN_ATTENTION"),
     "fa4": _load_fa4,
+    **_family_loaders(),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(LOADERS)
+# What runs without --backends: the planner's choice and the peers. Per-family backends
+# (cuteattn-sm80, ...) are asked for by name.
+DEFAULT_BACKENDS: tuple[str, ...] = ("cuteattn", "sdpa-flash", "sdpa-cudnn", "fa4")
 
 
 def parse_backend_names(spec: str) -> list[str]:

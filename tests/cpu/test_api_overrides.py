@@ -1,0 +1,98 @@
+"""api.forward's family and plan overrides, on the CPU: the launch is replaced by a recorder, so
+these test what reaches ops.forward (the plan), not the kernel."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import cuteattn
+from cuteattn import api
+from cuteattn.plan import KernelPlan
+from cuteattn.runtime.arch import ARCH_ENV
+
+
+def qkv(dim=64, dtype=torch.bfloat16):
+    q = torch.randn(2, 16, 4, dim, dtype=dtype)
+    k = torch.randn(2, 24, 2, dim, dtype=dtype)
+    v = torch.randn(2, 24, 2, dim, dtype=dtype)
+    return q, k, v
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Pretend the CPU tensors are on an sm_90a device; record the plans ops.forward gets."""
+    plans = []
+
+    def fake_forward(q, k, v, out, softmax_scale, plan):
+        plans.append(plan)
+        lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+        return torch.zeros_like(q) if out is None else out, lse
+
+    monkeypatch.setenv(ARCH_ENV, "sm_90a")
+    monkeypatch.setattr(api.validate, "check_devices", lambda *tensors: None)
+    monkeypatch.setattr(api.ops, "forward", fake_forward)
+    return plans
+
+
+def test_flash_attn_func_goes_through_forward(launches):
+    q, k, v = qkv()
+    out = cuteattn.flash_attn_func(q, k, v, causal=True)
+    assert out.shape == q.shape
+    out, lse = cuteattn.flash_attn_func(q, k, v, return_lse=True)
+    assert lse.shape == (2, 4, 16)
+    assert [p.causal for p in launches] == [True, False]
+    assert all(p.arch == "sm_90a" and p.head_dim == 64 for p in launches)
+
+
+def test_family_is_forced(launches):
+    q, k, v = qkv(dim=128)
+    api.forward(q, k, v, family="sm80")
+    assert launches[-1].family == "sm80"
+
+
+def test_explicit_plan_runs_as_given(launches):
+    q, k, v = qkv(dim=128)
+    api.forward(q, k, v, causal=True)
+    planned = launches[-1]
+    other = dataclasses.replace(planned, tile_m=64, tile_n=64, num_threads=128)
+    api.forward(q, k, v, causal=True, plan=other)
+    assert launches[-1] is other
+
+
+def test_explicit_plan_must_match_the_inputs(launches):
+    q, k, v = qkv(dim=128)
+    api.forward(q, k, v)
+    plan = launches[-1]
+    with pytest.raises(ValueError, match=r"plan does not match the inputs: causal False"):
+        api.forward(q, k, v, causal=True, plan=plan)
+    with pytest.raises(ValueError, match=r"dtype 'bf16' \(the inputs have 'fp16'\)"):
+        api.forward(*qkv(dim=128, dtype=torch.float16), plan=plan)
+    with pytest.raises(ValueError, match=r"head_dim 128 \(the inputs have 64\)"):
+        api.forward(*qkv(dim=64), plan=plan)
+    with pytest.raises(ValueError, match=r"cannot implement"):
+        api.forward(q, k, v, plan=dataclasses.replace(plan, tile_m=48))
+
+
+def test_forced_family_that_cannot_take_the_problem(launches):
+    q, k, v = qkv(dim=40)
+    with pytest.raises(NotImplementedError, match=r"kernel family 'sm80' cannot run this problem"):
+        api.forward(q, k, v, family="sm80")
+    with pytest.raises(NotImplementedError, match=r"no kernel family can run this problem"):
+        api.forward(q, k, v)
+
+
+def test_unknown_family_and_bad_plan_arguments_come_before_the_device_check():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"unknown kernel family 'sm99' \(known: .*sm80"):
+        api.forward(q, k, v, family="sm99")
+    with pytest.raises(TypeError, match=r"plan must be a cuteattn.plan.KernelPlan"):
+        api.forward(q, k, v, plan=("sm80", 128, 64))
+    plan = KernelPlan(
+        family="sm80", arch="sm_90a", dtype="bf16", head_dim=64, causal=False, tile_m=128,
+        tile_n=64, num_threads=128,
+    )
+    with pytest.raises(ValueError, match=r"give family or plan, not both"):
+        api.forward(q, k, v, family="sm80", plan=plan)
+    with pytest.raises(ValueError, match=r"CUDA device"):
+        api.forward(q, k, v, family="sm80")
