@@ -1,11 +1,11 @@
-"""cuteattn: exact FlashAttention for NVIDIA GPUs, written in the CuTe DSL."""
+"""cuteattn: exact FlashAttention for NVIDIA GPUs, written in the CuTe DSL.
 
-from cuteattn.runtime.deps import check_dependencies
+Importing the package needs no CuTe DSL: the dependency floors are checked, and the DSL
+imported, when the first kernel compiles (cuteattn.runtime.compile).
+"""
 
-check_dependencies()
-
-from cuteattn import reference  # noqa: E402
-from cuteattn.api import flash_attn_func  # noqa: E402
+from cuteattn import reference
+from cuteattn.api import flash_attn_func
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,17 @@
-"""Dependency floors: read from our own metadata, and too-old packages named with a fix."""
+"""Dependency floors: read from our own metadata, too-old packages named with a fix, checked at
+the first compile rather than at import."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuteattn.plan import KernelPlan, family_names
 from cuteattn.runtime import deps
+
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def test_floors_come_from_project_metadata():
@@ -27,3 +38,45 @@ def test_versions_compare_numerically():
 
 def test_this_environment_passes():
     deps.check_dependencies()
+
+
+def test_package_imports_without_the_dsl():
+    """The DSL is needed to compile, not to import: the reference, the planner and the benchmark
+    CLI work where the CuTe DSL is missing (import of cutlass blocked in a fresh interpreter)."""
+    code = "\n".join([
+        "import sys",
+        "sys.modules['cutlass'] = None",
+        "import cuteattn, cuteattn.reference, cuteattn.plan, cuteattn.bench",
+        "from cuteattn.arch import arch_from_name",
+        "from cuteattn.plan import Problem, plan_forward",
+        "plan = plan_forward(Problem(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1,",
+        "    head_dim=128, head_dim_v=128, dtype='bf16', causal=True, arch=arch_from_name('sm_90a')))",
+        "assert 'cutlass' not in sys.modules or sys.modules['cutlass'] is None",
+        "print(plan.family)",
+    ])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() in family_names()
+
+
+def test_dependencies_are_checked_before_the_first_compile(monkeypatch):
+    """A too-old dependency fails the first compile with the upgrade command, not the import."""
+    from cuteattn.runtime import compile as runtime_compile
+
+    def too_old():
+        raise ImportError("cuteattn: nvidia-cutlass-dsl 4.7.0 is older than the required 4.8.1")
+
+    monkeypatch.setattr(runtime_compile, "check_dependencies", too_old)
+    runtime_compile._check_dependencies_once.cache_clear()
+    plan = KernelPlan(
+        family="sm80", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
+        tile_n=64, num_threads=128,
+    )
+    monkeypatch.setattr(runtime_compile, "_compiled", {})
+    try:
+        with pytest.raises(ImportError, match=r"older than the required 4.8.1"):
+            runtime_compile.compile_forward(plan)
+    finally:
+        runtime_compile._check_dependencies_once.cache_clear()

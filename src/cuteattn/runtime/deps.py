@@ -41,7 +41,7 @@ def _declared_requirements() -> list[str]:
 def declared_floors() -> dict[str, str]:
     floors = {}
     for requirement in _declared_requirements():
-        if ";" in requirement:  # extras-only requirements (e.g. test) don't gate import
+        if ";" in requirement:  # extras-only requirements (e.g. test) don't gate compiling
             continue
         match = _REQUIREMENT.match(requirement)
         if match:
