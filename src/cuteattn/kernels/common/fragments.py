@@ -1,51 +1,40 @@
-"""Views of warp-level mma.sync fragments (m16n8k16) and swizzled shared-memory tiles.
+"""Views of MMA accumulator fragments that every family shares.
 
-The accumulator of one m16n8k16 atom holds four values per thread: two neighbouring columns of
-row r and the same two columns of row r + 8. A tiled accumulator is ``((2 cols, 2 rows), MMA_M,
-MMA_N)``; softmax and masking want it as ``(rows, cols)``, and the P @ V product wants the
-score accumulator re-read as an A operand (k16 spans two n8 atoms).
+Masks, the online softmax and the epilogue index an accumulator by (row, column) of the score
+or output tile, never by raw accumulator modes. Both MMA kinds keep, per thread, pairs of
+neighbouring columns of two rows eight apart:
+
+- warp mma.sync (m16n8k16): ``((2 cols, 2 rows), MMA_M, MMA_N)``;
+- warpgroup WGMMA (m64nNk16): ``((2 cols, 2 rows, N/8 column groups), MMA_M, MMA_N)``.
+
+``acc_as_rows_cols`` turns either into ``(rows, cols)`` with rows ``(2, MMA_M)`` and cols
+``(2, [N/8,] MMA_N)``.
 """
 
-import cutlass
 import cutlass.cute as cute
 
 
-def smem_tile_atom(dtype: type[cutlass.Numeric], head_dim: int) -> cute.ComposedLayout:
-    """Swizzled 8-row atom of a K-major (rows, head_dim) tile, conflict-free for ldmatrix.
-
-    Rows of 64 elements (128 bytes) use a 3-bit swizzle over 16-byte chunks; head dims that are
-    only a multiple of 32 (96, 160, ...) use 32-element rows and a 2-bit swizzle.
-    """
-    atom_cols = 64 if head_dim % 64 == 0 else 32
-    swizzle_bits = 3 if atom_cols == 64 else 2
-    elems_per_16b = 128 // dtype.width
-    base_bits = elems_per_16b.bit_length() - 1
-    return cute.make_composed_layout(
-        cute.make_swizzle(swizzle_bits, base_bits, base_bits),
-        0,
-        cute.make_layout((8, atom_cols), stride=(atom_cols, 1)),
-    )
-
-
 def acc_as_rows_cols(acc: cute.Tensor) -> cute.Tensor:
-    """((2 cols, 2 rows), MMA_M, MMA_N) accumulator -> ((2, MMA_M) rows, (2, MMA_N) cols)."""
+    """Accumulator ``((2, 2, ...), MMA_M, MMA_N)`` -> ``((2, MMA_M) rows, (2, ..., MMA_N) cols)``.
+
+    The second value mode steps rows; the first and any further value modes step columns.
+    """
     shape, stride = acc.layout.shape, acc.layout.stride
+    value_shape, value_stride = shape[0], stride[0]
     rows_cols = cute.make_layout(
-        ((shape[0][1], shape[1]), (shape[0][0], shape[2])),
-        stride=((stride[0][1], stride[1]), (stride[0][0], stride[2])),
+        (
+            (value_shape[1], shape[1]),
+            (value_shape[0], *value_shape[2:], shape[2]),
+        ),
+        stride=(
+            (value_stride[1], stride[1]),
+            (value_stride[0], *value_stride[2:], stride[2]),
+        ),
     )
     return cute.make_tensor(acc.iterator, rows_cols)
 
 
-def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
-    """Score accumulator ((2, 2), MMA_M, MMA_N) -> A operand ((2, 2, 2), MMA_M, MMA_N / 2).
-
-    An m16n8k16 A fragment covers 16 columns, i.e. two consecutive n8 accumulator atoms, so
-    pairs of MMA_N tiles fold into the value mode.
-    """
-    paired = cute.logical_divide(acc.layout, (None, None, 2))
-    operand_a = cute.make_layout(
-        ((paired.shape[0], paired.shape[2][0]), paired.shape[1], paired.shape[2][1]),
-        stride=((paired.stride[0], paired.stride[2][0]), paired.stride[1], paired.stride[2][1]),
-    )
-    return cute.make_tensor(acc.iterator, operand_a)
+def tile_coords(thr_mma: cute.ThrMma, tile_mn: tuple[int, int]) -> cute.Tensor:
+    """The (row, col) tile coordinate of each of this thread's accumulator elements, as a
+    (rows, cols) view; a static thread's coordinates are compile-time constants."""
+    return acc_as_rows_cols(thr_mma.partition_C(cute.make_identity_tensor(tile_mn)))

@@ -9,15 +9,15 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from cuteattn.kernels.common.fragments import acc_as_rows_cols
+from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
+from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 
 
 class AttentionMask:
-    def __init__(self, tile_m: int, tile_n: int, seqlen_q: Int32, seqlen_k: Int32):
+    def __init__(self, *, tile_m: int, tile_n: int, seqlen: SeqlenInfo):
         self.tile_m = tile_m
         self.tile_n = tile_n
-        self.seqlen_q = seqlen_q
-        self.seqlen_k = seqlen_k
+        self.seqlen = seqlen
 
     @cute.jit
     def apply(
@@ -26,17 +26,19 @@ class AttentionMask:
         thr_mma: cute.ThrMma,
         m_block: Int32,
         n_block: Int32,
+        *,
         mask_seqlen: cutlass.Constexpr[bool],
         mask_causal: cutlass.Constexpr[bool],
     ):
         scores = acc_as_rows_cols(acc_S)
-        tile_coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        coords = acc_as_rows_cols(thr_mma.partition_C(tile_coords))
-        coords_t0 = acc_as_rows_cols(thr_mma.get_slice(0).partition_C(tile_coords))
+        tile_mn = (self.tile_m, self.tile_n)
+        coords = tile_coords(thr_mma, tile_mn)
+        coords_t0 = tile_coords(thr_mma.get_slice(0), tile_mn)
         thread_row0 = coords[0, 0][0]
         thread_col0 = coords[0, 0][1]
+        seqlen_q, seqlen_k = self.seqlen.seqlen_q, self.seqlen.seqlen_k
         # Column limits relative to this thread's first column, so the loop compares constants.
-        col_limit_seqlen = self.seqlen_k - n_block * self.tile_n - thread_col0
+        col_limit_seqlen = seqlen_k - n_block * self.tile_n - thread_col0
         if cutlass.const_expr(not mask_causal):
             if cutlass.const_expr(mask_seqlen):
                 for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
@@ -46,7 +48,7 @@ class AttentionMask:
         else:
             # Row i (global) sees columns j < i + 1 + seqlen_k - seqlen_q.
             diag_offset = (
-                m_block * self.tile_m + thread_row0 + 1 + self.seqlen_k - self.seqlen_q
+                m_block * self.tile_m + thread_row0 + 1 + seqlen_k - seqlen_q
                 - n_block * self.tile_n - thread_col0
             )
             for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):

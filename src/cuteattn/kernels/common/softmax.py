@@ -48,7 +48,7 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_S: cute.Tensor, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
+    def step(self, acc_S: cute.Tensor, *, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
         """Exponentiate acc_S in place (it becomes P) and return the factor to rescale O by."""
         scores = acc_as_rows_cols(acc_S)
         row_scale = cute.make_rmem_tensor(self.num_rows, Float32)

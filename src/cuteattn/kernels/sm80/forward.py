@@ -4,9 +4,10 @@ Layouts (flash-attn's): q, out (batch, seqlen_q, heads_q, dim); k, v (batch, seq
 heads_kv, dim); lse (batch, heads_q, seqlen_q) fp32. The last mode is contiguous; every other
 stride is a multiple of 8 elements (16 bytes) and may exceed 2^31 (64-bit offsets).
 
-One CTA computes one (tile_m x dim) tile of out for one (batch, head). Algorithm:
+One CTA computes one (tile_m x dim) tile of out for one (batch, head), given by the single-tile
+scheduler (longest query tiles first when causal). Algorithm:
   1. cp.async Q tile and the last K tile into shared memory.
-  2. For each key tile n_block, from the last visible one down to 0:
+  2. For each key tile n_block, from the last visible one down to the first:
      a. wait for K; start the cp.async of V[n_block] (it lands while we compute S);
      b. S = Q K^T with ldmatrix + mma.sync, shared -> register loads pipelined over k;
      c. wait for V; start the cp.async of K[n_block - 1] (it lands during softmax and P V);
@@ -22,30 +23,68 @@ Constraints: fp16/bf16; head_dim a multiple of 32 (64, 96, 128, 192, 256), dim_v
 tile_n a multiple of 16; shared memory of Q + K + V tiles within the arch's capacity.
 
 Compile and run: ``cuteattn.flash_attn_func`` plans, compiles (once per plan) and launches it;
-tests/cpu/test_compile.py cross-compiles every variant for sm_80 / sm_90a / sm_120a on a CPU.
-Profile with ``ncu --clock-control none python -m cuteattn.bench --dims 128``.
+``cuteattn.api.forward(..., family="sm80")`` forces this family on any arch that has mma.sync;
+tests/cpu/test_compile.py cross-compiles the variants for sm_80 / sm_90a / sm_120a on a CPU.
+Profile with ``ncu --clock-control none python -m cuteattn.bench --backends cuteattn-sm80``.
 """
 
 import math
-from types import SimpleNamespace
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
-from cuteattn.kernels.common.block_range import BlockRange
-from cuteattn.kernels.common.fragments import (
-    acc_as_operand_a,
-    acc_as_rows_cols,
-    smem_tile_atom,
-)
+from cuteattn.kernels.common.block_info import BlockInfo
+from cuteattn.kernels.common.epilogue import store_lse, store_o
+from cuteattn.kernels.common.fragments import tile_coords
 from cuteattn.kernels.common.mask import AttentionMask
+from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
+from cuteattn.kernels.common.tile_scheduler import SingleTileScheduler, TileCounts
 from cuteattn.kernels.sm80 import tiling
+from cuteattn.kernels.sm80.fragments import acc_as_operand_a, smem_tile_atom
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
 
 LOG2_E = math.log2(math.e)
+
+
+class KVCopies(NamedTuple):
+    """This thread's cp.async partitions of K and V (global tiles indexed by n_block) and the row
+    coordinates that bound them by seqlen_k; thread 0's rows are compile-time constants."""
+
+    tiled_copy: cute.TiledCopy
+    gK: cute.Tensor
+    sK: cute.Tensor
+    gV: cute.Tensor
+    sV: cute.Tensor
+    coords: cute.Tensor
+    coords_t0: cute.Tensor
+
+
+class MmaOperands(NamedTuple):
+    """This thread's MMA: register fragments of Q, K and V^T and their ldmatrix feeds."""
+
+    tiled_mma: cute.TiledMma
+    thr_mma: cute.ThrMma
+    rQ: cute.Tensor
+    rK: cute.Tensor
+    rVt: cute.Tensor
+    q_operand: SmemOperand
+    k_operand: SmemOperand
+    vt_operand: SmemOperand
+
+
+class QueryTile(NamedTuple):
+    """State of the query tile being computed: its index, lengths, O accumulator, softmax
+    statistics and mask."""
+
+    m_block: Int32
+    seqlen: SeqlenInfo
+    acc_O: cute.Tensor
+    softmax: OnlineSoftmax
+    mask: AttentionMask
 
 
 class FlashForwardSm80:
@@ -125,8 +164,10 @@ class FlashForwardSm80:
             permutation_mnk=(num_warps * 16, 16, 16),
         )
 
-        num_m_blocks = cute.ceil_div(mQ.shape[1], self.tile_m)
-        grid = (num_m_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[0]))
+        tile_counts = TileCounts.create(
+            seqlen_q=mQ.shape[1], tile_m=self.tile_m, num_heads=mQ.shape[2],
+            num_batches=mQ.shape[0],
+        )
         self.kernel(
             mQ,
             mK,
@@ -134,6 +175,7 @@ class FlashForwardSm80:
             mO,
             mLSE,
             softmax_scale * LOG2_E,
+            tile_counts,
             sQ_layout,
             sKV_layout,
             gmem_copy_async,
@@ -141,7 +183,7 @@ class FlashForwardSm80:
             tiled_mma,
             SharedStorage,
         ).launch(
-            grid=grid,
+            grid=SingleTileScheduler.grid_shape(tile_counts),
             block=[self.num_threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
@@ -156,6 +198,7 @@ class FlashForwardSm80:
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         scale_log2: Float32,
+        tile_counts: TileCounts,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
         gmem_copy_async: cute.TiledCopy,
@@ -164,25 +207,11 @@ class FlashForwardSm80:
         SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        m_block_idx, head, batch = cute.arch.block_idx()
-        seqlen_q = mQ.shape[1]
-        seqlen_k = mK.shape[1]
-        m_block = m_block_idx
-        if cutlass.const_expr(self.causal):
-            # Longest rows (most key tiles) first, so short ones fill the tail of the grid.
-            m_block = cute.ceil_div(seqlen_q, self.tile_m) - 1 - m_block_idx
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
-
-        block_range = BlockRange(self.tile_m, self.tile_n, self.causal, seqlen_q, seqlen_k)
-        n_block_max = block_range.n_block_max(m_block)
-
-        # ---- Tiles of this CTA -------------------------------------------------------------
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
-        gQ = cute.local_tile(mQ[batch, None, head, None], tile_q, (m_block, 0))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], tile_kv, (None, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], tile_kv, (None, 0))
+        block_info = BlockInfo(tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
 
+        # ---- Shared memory and the MMA's view of it (the same for every work tile) ---------
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sKV_layout)
@@ -191,33 +220,10 @@ class FlashForwardSm80:
         sVt = cute.composition(
             sV, cute.make_layout((self.head_dim, self.tile_n), stride=(self.tile_n, 1))
         )
-
-        # ---- Global -> shared copy partitions ----------------------------------------------
-        gmem_thr_copy = gmem_copy_async.get_slice(tidx)
-        tQgQ = gmem_thr_copy.partition_S(gQ)
-        tQsQ = gmem_thr_copy.partition_D(sQ)
-        tKgK = gmem_thr_copy.partition_S(gK)
-        tKsK = gmem_thr_copy.partition_D(sK)
-        tVgV = gmem_thr_copy.partition_S(gV)
-        tVsV = gmem_thr_copy.partition_D(sV)
-        # Row coordinates of this thread's copies; thread 0's are compile-time constants.
-        coords_q = cute.make_identity_tensor(tile_q)
-        coords_kv = cute.make_identity_tensor(tile_kv)
-        tQcQ = gmem_thr_copy.partition_S(coords_q)
-        t0QcQ = gmem_copy_async.get_slice(0).partition_S(coords_q)
-        tKVcKV = gmem_thr_copy.partition_S(coords_kv)
-        t0KVcKV = gmem_copy_async.get_slice(0).partition_S(coords_kv)
-
-        # ---- MMA partitions and shared -> register copies ----------------------------------
         thr_mma = tiled_mma.get_slice(tidx)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
-        acc_O = cute.make_rmem_tensor(
-            thr_mma.partition_shape_C((self.tile_m, self.head_dim)), Float32
-        )
-        acc_O.fill(0.0)
-
+        rQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        rK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+        rVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
         ldmatrix = cute.make_copy_atom(
             warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
         )
@@ -227,168 +233,197 @@ class FlashForwardSm80:
         smem_thr_copy_Q = cute.make_tiled_copy_A(ldmatrix, tiled_mma).get_slice(tidx)
         smem_thr_copy_K = cute.make_tiled_copy_B(ldmatrix, tiled_mma).get_slice(tidx)
         smem_thr_copy_V = cute.make_tiled_copy_B(ldmatrix_t, tiled_mma).get_slice(tidx)
-        q_operand = SmemOperand(
-            smem_thr_copy_Q.partition_S(sQ), smem_thr_copy_Q.retile(tSrQ), smem_thr_copy_Q
+        mma = MmaOperands(
+            tiled_mma=tiled_mma,
+            thr_mma=thr_mma,
+            rQ=rQ,
+            rK=rK,
+            rVt=rVt,
+            q_operand=SmemOperand(
+                smem_thr_copy_Q.partition_S(sQ), smem_thr_copy_Q.retile(rQ), smem_thr_copy_Q
+            ),
+            k_operand=SmemOperand(
+                smem_thr_copy_K.partition_S(sK), smem_thr_copy_K.retile(rK), smem_thr_copy_K
+            ),
+            vt_operand=SmemOperand(
+                smem_thr_copy_V.partition_S(sVt), smem_thr_copy_V.retile(rVt), smem_thr_copy_V
+            ),
         )
-        k_operand = SmemOperand(
-            smem_thr_copy_K.partition_S(sK), smem_thr_copy_K.retile(tSrK), smem_thr_copy_K
-        )
-        vt_operand = SmemOperand(
-            smem_thr_copy_V.partition_S(sVt), smem_thr_copy_V.retile(tOrVt), smem_thr_copy_V
-        )
+        gmem_thr_copy = gmem_copy_async.get_slice(tidx)
+        # Row coordinates of this thread's copies; thread 0's are compile-time constants.
+        coords_q = cute.make_identity_tensor(tile_q)
+        coords_kv = cute.make_identity_tensor(tile_kv)
+        tQcQ = gmem_thr_copy.partition_S(coords_q)
+        t0QcQ = gmem_copy_async.get_slice(0).partition_S(coords_q)
+        tQsQ = gmem_thr_copy.partition_D(sQ)
 
-        rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
-        softmax = OnlineSoftmax(scale_log2, rows_per_thread)
-        mask = AttentionMask(self.tile_m, self.tile_n, seqlen_q, seqlen_k)
+        scheduler = SingleTileScheduler.create(tile_counts, longest_first=self.causal)
+        work = scheduler.initial_work_tile()
+        while work.is_valid:
+            m_block, head, batch = work.m_block, work.head, work.batch
+            seqlen = SeqlenInfo.fixed(mQ, mK)
+            head_kv = head // (mQ.shape[2] // mK.shape[2])
+            n_block_min, n_block_max = block_info.n_block_min_max(seqlen, m_block)
 
-        # ---- Prologue: Q and the last visible K tile ---------------------------------------
-        q_rows_left = seqlen_q - m_block * self.tile_m - tQcQ[0][0]
-        for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
-            if t0QcQ[0, m, 0][0] < q_rows_left:
-                cute.copy(gmem_copy_async, tQgQ[None, m, None], tQsQ[None, m, None])
-        if n_block_max > 0:
-            self.load_kv_tile(
-                gmem_copy_async, tKgK, tKsK, tKVcKV, t0KVcKV, n_block_max - 1, seqlen_k, True, False
+            # ---- Global tiles of this work tile and their copy partitions ------------------
+            gQ = cute.local_tile(mQ[batch, None, head, None], tile_q, (m_block, 0))
+            gK = cute.local_tile(mK[batch, None, head_kv, None], tile_kv, (None, 0))
+            gV = cute.local_tile(mV[batch, None, head_kv, None], tile_kv, (None, 0))
+            tQgQ = gmem_thr_copy.partition_S(gQ)
+            kv = KVCopies(
+                tiled_copy=gmem_copy_async,
+                gK=gmem_thr_copy.partition_S(gK),
+                sK=gmem_thr_copy.partition_D(sK),
+                gV=gmem_thr_copy.partition_S(gV),
+                sV=gmem_thr_copy.partition_D(sV),
+                coords=gmem_thr_copy.partition_S(coords_kv),
+                coords_t0=gmem_copy_async.get_slice(0).partition_S(coords_kv),
             )
-        cute.arch.cp_async_commit_group()
+            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_q), Float32)
+            acc_O.fill(0.0)
+            rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
+            query = QueryTile(
+                m_block=m_block,
+                seqlen=seqlen,
+                acc_O=acc_O,
+                softmax=OnlineSoftmax(scale_log2, rows_per_thread),
+                mask=AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen),
+            )
 
-        # ---- Main loop: key tiles from last to first ----------------------------------------
-        ctx = SimpleNamespace(
-            m_block=m_block, seqlen_k=seqlen_k, thr_mma=thr_mma, tiled_mma=tiled_mma,
-            gmem_copy=gmem_copy_async, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
-            tKVcKV=tKVcKV, t0KVcKV=t0KVcKV, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt,
-            q_operand=q_operand, k_operand=k_operand, vt_operand=vt_operand, acc_O=acc_O,
-            softmax=softmax, mask=mask,
-        )
-        num_causal_tiles = Int32(0)
-        if cutlass.const_expr(self.causal):
-            causal_start = block_range.n_block_causal_start(m_block)
-            num_causal_tiles = cutlass.max(n_block_max - 1 - causal_start, 0)
-        n_block_unmasked_end = cutlass.max(n_block_max - 1 - num_causal_tiles, 0)
-        if n_block_max > 0:
-            self.compute_tile(ctx, n_block_max - 1, True, True, self.causal)
-        for i in cutlass.range(num_causal_tiles, unroll=1):
-            self.compute_tile(ctx, n_block_max - 2 - i, False, False, True)
-        for i in cutlass.range(n_block_unmasked_end, unroll=1):
-            self.compute_tile(ctx, n_block_unmasked_end - 1 - i, False, False, False)
+            # ---- Prologue: Q and the last visible K tile -----------------------------------
+            q_rows_left = seqlen.seqlen_q - m_block * self.tile_m
+            thread_q_rows_left = q_rows_left - tQcQ[0][0]
+            for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+                if t0QcQ[0, m, 0][0] < thread_q_rows_left:
+                    cute.copy(gmem_copy_async, tQgQ[None, m, None], tQsQ[None, m, None])
+            if n_block_max > n_block_min:
+                self.load_kv_tile(
+                    kv.gK, kv.sK, n_block_max - 1, kv=kv, seqlen_k=seqlen.seqlen_k,
+                    check_rows=True, zero_fill=False,
+                )
+            cute.arch.cp_async_commit_group()
 
-        # ---- Epilogue ------------------------------------------------------------------------
-        lse = cute.make_rmem_tensor(softmax.num_rows, Float32)
-        row_scale = softmax.finalize(lse)
-        rescale_rows(acc_O, row_scale)
-        self.store_lse(mLSE, lse, thr_mma, batch, head, m_block, seqlen_q)
+            # ---- Main loop: key tiles from last to first ------------------------------------
+            # The last tile is masked (seqlen bound, and the diagonal when causal); then the
+            # tiles crossing the diagonal; then the fully visible ones, unmasked.
+            num_causal_tiles = Int32(0)
+            if cutlass.const_expr(self.causal):
+                causal_start = block_info.n_block_causal_start(seqlen, m_block)
+                num_causal_tiles = cutlass.max(n_block_max - 1 - causal_start, 0)
+            n_block_unmasked_end = cutlass.max(n_block_max - 1 - num_causal_tiles, n_block_min)
+            if n_block_max > n_block_min:
+                self.compute_tile(
+                    n_block_max - 1, kv=kv, mma=mma, query=query,
+                    is_first=True, mask_seqlen=True, mask_causal=self.causal,
+                )
+            for i in cutlass.range(num_causal_tiles, unroll=1):
+                self.compute_tile(
+                    n_block_max - 2 - i, kv=kv, mma=mma, query=query,
+                    is_first=False, mask_seqlen=False, mask_causal=True,
+                )
+            for i in cutlass.range(n_block_unmasked_end - n_block_min, unroll=1):
+                self.compute_tile(
+                    n_block_unmasked_end - 1 - i, kv=kv, mma=mma, query=query,
+                    is_first=False, mask_seqlen=False, mask_causal=False,
+                )
 
-        rO = cute.make_fragment_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
-        sO = sQ  # O takes over the Q buffer (same tile shape and swizzle)
-        # O overwrites the Q buffer: the Q cp.async must have landed (a tile that saw no key
-        # never waited for it) and every warp must be done reading Q and V.
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier()
-        smem_store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype)
-        smem_thr_store = cute.make_tiled_copy_C(smem_store_atom, tiled_mma).get_slice(tidx)
-        cute.copy(smem_store_atom, smem_thr_store.retile(rO), smem_thr_store.partition_D(sO))
-        cute.arch.barrier()
-
-        gO = cute.local_tile(mO[batch, None, head, None], tile_q, (m_block, 0))
-        gmem_thr_store = gmem_copy_store.get_slice(tidx)
-        tOsO = gmem_thr_store.partition_S(sO)
-        tOgO = gmem_thr_store.partition_D(gO)
-        tOrO = cute.make_fragment_like(tOgO, self.dtype)
-        cute.autovec_copy(tOsO, tOrO)
-        for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
-            if t0QcQ[0, m, 0][0] < q_rows_left:
-                cute.copy(gmem_copy_store, tOrO[None, m, None], tOgO[None, m, None])
+            # ---- Epilogue ------------------------------------------------------------------
+            lse = cute.make_rmem_tensor(query.softmax.num_rows, Float32)
+            row_scale = query.softmax.finalize(lse)
+            rescale_rows(acc_O, row_scale)
+            store_lse(
+                cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,)),
+                lse,
+                tile_coords(thr_mma, (self.tile_m, self.tile_n)),
+                q_rows_left,
+            )
+            # O overwrites the Q buffer: the Q cp.async must have landed (a tile that saw no
+            # key never waited for it) and every warp must be done reading Q and V.
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            store_o(
+                acc_O,
+                sQ,
+                cute.local_tile(mO[batch, None, head, None], tile_q, (m_block, 0)),
+                q_rows_left,
+                tiled_mma=tiled_mma,
+                gmem_tiled_copy=gmem_copy_store,
+                tidx=tidx,
+                sync=cute.arch.barrier,
+            )
+            work = scheduler.advance()
 
     @cute.jit
     def compute_tile(
         self,
-        ctx: SimpleNamespace,
         n_block: Int32,
+        *,
+        kv: KVCopies,
+        mma: MmaOperands,
+        query: QueryTile,
         is_first: cutlass.Constexpr[bool],
         mask_seqlen: cutlass.Constexpr[bool],
         mask_causal: cutlass.Constexpr[bool],
     ):
         """Steps 2a-2f for one key tile."""
         acc_S = cute.make_rmem_tensor(
-            ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32
+            mma.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32
         )
         acc_S.fill(0.0)
         # (a) K[n_block] (and Q) landed; every warp finished reading V of the previous tile.
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         self.load_kv_tile(
-            ctx.gmem_copy, ctx.tVgV, ctx.tVsV, ctx.tKVcKV, ctx.t0KVcKV, n_block, ctx.seqlen_k,
-            is_first, True,
+            kv.gV, kv.sV, n_block, kv=kv, seqlen_k=query.seqlen.seqlen_k,
+            check_rows=is_first, zero_fill=True,
         )
         cute.arch.cp_async_commit_group()
         # (b) S = Q K^T
-        gemm(ctx.tiled_mma, acc_S, ctx.tSrQ, ctx.tSrK, ctx.k_operand, a_from_smem=ctx.q_operand)
+        gemm(mma.tiled_mma, acc_S, mma.rQ, mma.rK, mma.k_operand, a_from_smem=mma.q_operand)
         # (c) V[n_block] landed; every warp finished reading K[n_block].
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         if n_block > 0:
             self.load_kv_tile(
-                ctx.gmem_copy, ctx.tKgK, ctx.tKsK, ctx.tKVcKV, ctx.t0KVcKV, n_block - 1,
-                ctx.seqlen_k, False, False,
+                kv.gK, kv.sK, n_block - 1, kv=kv, seqlen_k=query.seqlen.seqlen_k,
+                check_rows=False, zero_fill=False,
             )
         cute.arch.cp_async_commit_group()
         # (d) mask, (e) online softmax
         if cutlass.const_expr(mask_seqlen or mask_causal):
-            ctx.mask.apply(acc_S, ctx.thr_mma, ctx.m_block, n_block, mask_seqlen, mask_causal)
-        row_scale = ctx.softmax.step(acc_S, is_first)
+            query.mask.apply(
+                acc_S, mma.thr_mma, query.m_block, n_block,
+                mask_seqlen=mask_seqlen, mask_causal=mask_causal,
+            )
+        row_scale = query.softmax.step(acc_S, is_first=is_first)
         if cutlass.const_expr(not is_first):
-            rescale_rows(ctx.acc_O, row_scale)
+            rescale_rows(query.acc_O, row_scale)
         # (f) O += P V, P converted in registers to the A operand
         rP = cute.make_fragment_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
-        gemm(ctx.tiled_mma, ctx.acc_O, acc_as_operand_a(rP), ctx.tOrVt, ctx.vt_operand)
+        gemm(mma.tiled_mma, query.acc_O, acc_as_operand_a(rP), mma.rVt, mma.vt_operand)
 
     @cute.jit
     def load_kv_tile(
         self,
-        gmem_copy: cute.TiledCopy,
         tXgX: cute.Tensor,
         tXsX: cute.Tensor,
-        tXcX: cute.Tensor,
-        t0XcX: cute.Tensor,
         n_block: Int32,
+        *,
+        kv: KVCopies,
         seqlen_k: Int32,
         check_rows: cutlass.Constexpr[bool],
         zero_fill: cutlass.Constexpr[bool],
     ):
-        """cp.async one K or V tile; rows past seqlen_k are skipped (zeroed for V, since
-        P = 0 times an uninitialised NaN would still be NaN)."""
+        """cp.async one K or V tile (kv.gK / kv.sK or kv.gV / kv.sV); rows past seqlen_k are
+        skipped (zeroed for V, since P = 0 times an uninitialised NaN would still be NaN)."""
         if cutlass.const_expr(not check_rows):
-            cute.copy(gmem_copy, tXgX[None, None, None, n_block], tXsX)
+            cute.copy(kv.tiled_copy, tXgX[None, None, None, n_block], tXsX)
         else:
-            rows_left = seqlen_k - n_block * self.tile_n - tXcX[0][0]
+            rows_left = seqlen_k - n_block * self.tile_n - kv.coords[0][0]
             for n in cutlass.range_constexpr(cute.size(tXsX, mode=[1])):
-                if t0XcX[0, n, 0][0] < rows_left:
-                    cute.copy(gmem_copy, tXgX[None, n, None, n_block], tXsX[None, n, None])
+                if kv.coords_t0[0, n, 0][0] < rows_left:
+                    cute.copy(kv.tiled_copy, tXgX[None, n, None, n_block], tXsX[None, n, None])
                 else:
                     if cutlass.const_expr(zero_fill):
                         tXsX[None, n, None].fill(0)
-
-    @cute.jit
-    def store_lse(
-        self,
-        mLSE: cute.Tensor,
-        lse: cute.Tensor,
-        thr_mma: cute.ThrMma,
-        batch: Int32,
-        head: Int32,
-        m_block: Int32,
-        seqlen_q: Int32,
-    ):
-        """The thread holding column 0 of a row writes that row's LSE."""
-        coords = acc_as_rows_cols(
-            thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        )
-        if coords[0, 0][1] == 0:
-            gLSE = cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,))
-            rows_left = seqlen_q - m_block * self.tile_m
-            for r in cutlass.range_constexpr(cute.size(lse)):
-                row = coords[r, 0][0]
-                if row < rows_left:
-                    gLSE[row] = lse[r]
