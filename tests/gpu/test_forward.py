@@ -1,13 +1,15 @@
-"""Forward matrix on the GPU against the fp32 reference (issue 2's acceptance matrix)."""
-
-import itertools
+"""Forward matrix on the GPU against the fp32 reference (issue 2's acceptance matrix), run
+through every kernel family that supports the GPU (the family override of api.forward)."""
 
 import pytest
 import torch
 
+from cuteattn.plan import families
+
 pytestmark = pytest.mark.gpu
 
-HEAD_DIMS = (64, 96, 128, 192, 256)
+# Every (family, head dim) the registry knows; families the GPU cannot run are skipped.
+FAMILY_HEAD_DIMS = [(family.name, head_dim) for family in families() for head_dim in family.head_dims]
 DTYPES = (torch.bfloat16, torch.float16)
 SEQLENS = (
     (1, 1), (1, 239), (113, 203), (203, 113), (239, 1),
@@ -40,14 +42,18 @@ def _poisoned_empty_pool(numel: int, device) -> int:
 @pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("family,head_dim", FAMILY_HEAD_DIMS, ids=lambda v: str(v))
 def test_forward_matches_reference(
-    head_dim, dtype, causal, seqlen_q, seqlen_k, heads_q, heads_kv, batch
+    family, head_dim, dtype, causal, seqlen_q, seqlen_k, heads_q, heads_kv, batch
 ):
-    import cuteattn
+    from cuteattn import api
+    from cuteattn.plan import get_family
     from cuteattn.reference import attention
+    from cuteattn.runtime.arch import device_arch
     from cuteattn.testing import assert_close_to_reference, poison_like
 
+    if not get_family(family).supports(device_arch(torch.device("cuda"))):
+        pytest.skip(f"family {family} does not run on this GPU")
     device = "cuda"
     q = torch.randn(batch, seqlen_q, heads_q, head_dim, device=device, dtype=dtype)
     k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device=device, dtype=dtype)
@@ -55,7 +61,7 @@ def test_forward_matches_reference(
     out = poison_like(q)
     poison_ptr = _poisoned_empty_pool(batch * heads_q * seqlen_q, device)
 
-    got, lse = cuteattn.flash_attn_func(q, k, v, causal=causal, out=out, return_lse=True)
+    got, lse = api.forward(q, k, v, causal=causal, out=out, family=family)
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr()
     assert lse.data_ptr() == poison_ptr, "lse did not reuse the poisoned block"

@@ -1,0 +1,50 @@
+"""A probe kernel for tile schedulers: each work tile a CTA gets adds 1 to visits[m_block, head,
+batch]. Compiled on the CPU (tests/cpu) and run on the GPU (tests/gpu)."""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+from cutlass.cute.runtime import make_fake_tensor
+
+from cuteattn.kernels.common.tile_scheduler import PersistentTileScheduler, TileCounts
+
+TILE_M = 64
+
+
+def compile_visit_counter(scheduler_cls, *, longest_first: bool, arch="sm_90a", dump_dir=None):
+    """fn(visits, max_ctas): visits is an int32 (m_blocks, heads, batches) tensor, zeroed."""
+    persistent = scheduler_cls is PersistentTileScheduler
+
+    class VisitCounter:
+        @cute.jit
+        def __call__(self, visits: cute.Tensor, max_ctas: Int32, stream):
+            counts = TileCounts.create(
+                seqlen_q=visits.shape[0] * TILE_M, tile_m=TILE_M, num_heads=visits.shape[1],
+                num_batches=visits.shape[2],
+            )
+            if cutlass.const_expr(persistent):
+                grid = scheduler_cls.grid_shape(counts, max_ctas=max_ctas)
+            else:
+                grid = scheduler_cls.grid_shape(counts)
+            self.kernel(visits, counts).launch(grid=grid, block=[32, 1, 1], stream=stream)
+
+        @cute.kernel
+        def kernel(self, visits: cute.Tensor, counts: TileCounts):
+            tidx, _, _ = cute.arch.thread_idx()
+            scheduler = scheduler_cls.create(counts, longest_first=longest_first)
+            work = scheduler.initial_work_tile()
+            while work.is_valid:
+                if tidx == 0:
+                    offset = cute.crd2idx((work.m_block, work.head, work.batch), visits.layout)
+                    cute.arch.atomic_add((visits.iterator + offset).llvm_ptr, Int32(1))
+                work = scheduler.advance()
+
+    visits = make_fake_tensor(
+        Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
+        (cute.sym_int64(), cute.sym_int64(), 1),
+    )
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    options = f"--enable-tvm-ffi --gpu-arch {arch}"
+    if dump_dir is not None:
+        options += f" --keep-ptx --dump-dir {dump_dir}"
+    return cute.compile(VisitCounter(), visits, Int32(1), stream, options=options)
