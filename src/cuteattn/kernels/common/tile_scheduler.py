@@ -14,9 +14,11 @@ One protocol for every scheduler, so a kernel's loop is the same for all of them
             work = scheduler.advance()
 
 ``SingleTileScheduler`` launches one CTA per work tile. Its ``is_valid`` is a constant (true,
-then false after ``advance``), so the compiler folds the loop into straight-line code: a
-single-tile kernel pays nothing for using the protocol. ``PersistentTileScheduler`` launches at
-most ``max_ctas`` CTAs (one per SM, say), each striding over a linearised work space.
+then false after ``advance``), so the compiler folds the loop into straight-line code. A kernel
+that only ever runs one tile per CTA may also take ``initial_work_tile()`` and skip the loop
+(the sm80 forward does: the folded loop still perturbed its register allocation and added
+spills to its main loop). ``PersistentTileScheduler`` launches at most ``max_ctas`` CTAs (one
+per SM, say), each striding over a linearised work space.
 
 ``longest_first`` is for causal attention: the query tiles with the most key tiles start first,
 so short ones fill the tail of the launch instead of leaving SMs idle at its end.

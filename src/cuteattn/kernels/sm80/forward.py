@@ -211,7 +211,7 @@ class FlashForwardSm80:
         tile_kv = (self.tile_n, self.head_dim)
         block_info = BlockInfo(tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
 
-        # ---- Shared memory and the MMA's view of it (the same for every work tile) ---------
+        # ---- Shared memory and the MMA's view of it (the same for every work tile) ---------------
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sKV_layout)
@@ -257,105 +257,102 @@ class FlashForwardSm80:
         t0QcQ = gmem_copy_async.get_slice(0).partition_S(coords_q)
         tQsQ = gmem_thr_copy.partition_D(sQ)
 
+        # One work tile per CTA, taken straight-line: the single-tile form of the scheduler loop
+        # (`while work.is_valid: ...; work = scheduler.advance()`). That loop folds away, but it
+        # still changes register allocation: at d128 it added spills to the main loop.
         scheduler = SingleTileScheduler.create(tile_counts, longest_first=self.causal)
         work = scheduler.initial_work_tile()
-        while work.is_valid:
-            m_block, head, batch = work.m_block, work.head, work.batch
-            seqlen = SeqlenInfo.fixed(mQ, mK)
-            head_kv = head // (mQ.shape[2] // mK.shape[2])
-            n_block_min, n_block_max = block_info.n_block_min_max(seqlen, m_block)
+        m_block, head, batch = work.m_block, work.head, work.batch
+        seqlen = SeqlenInfo.fixed(mQ, mK)
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
+        n_block_min, n_block_max = block_info.n_block_min_max(seqlen, m_block)
 
-            # ---- Global tiles of this work tile and their copy partitions ------------------
-            gQ = cute.local_tile(mQ[batch, None, head, None], tile_q, (m_block, 0))
-            gK = cute.local_tile(mK[batch, None, head_kv, None], tile_kv, (None, 0))
-            gV = cute.local_tile(mV[batch, None, head_kv, None], tile_kv, (None, 0))
-            tQgQ = gmem_thr_copy.partition_S(gQ)
-            kv = KVCopies(
-                tiled_copy=gmem_copy_async,
-                gK=gmem_thr_copy.partition_S(gK),
-                sK=gmem_thr_copy.partition_D(sK),
-                gV=gmem_thr_copy.partition_S(gV),
-                sV=gmem_thr_copy.partition_D(sV),
-                coords=gmem_thr_copy.partition_S(coords_kv),
-                coords_t0=gmem_copy_async.get_slice(0).partition_S(coords_kv),
+        # ---- Global tiles of this work tile and their copy partitions ----------------------------
+        gQ = cute.local_tile(mQ[batch, None, head, None], tile_q, (m_block, 0))
+        gK = cute.local_tile(mK[batch, None, head_kv, None], tile_kv, (None, 0))
+        gV = cute.local_tile(mV[batch, None, head_kv, None], tile_kv, (None, 0))
+        tQgQ = gmem_thr_copy.partition_S(gQ)
+        kv = KVCopies(
+            tiled_copy=gmem_copy_async,
+            gK=gmem_thr_copy.partition_S(gK),
+            sK=gmem_thr_copy.partition_D(sK),
+            gV=gmem_thr_copy.partition_S(gV),
+            sV=gmem_thr_copy.partition_D(sV),
+            coords=gmem_thr_copy.partition_S(coords_kv),
+            coords_t0=gmem_copy_async.get_slice(0).partition_S(coords_kv),
+        )
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_q), Float32)
+        acc_O.fill(0.0)
+        rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
+        query = QueryTile(
+            m_block=m_block,
+            seqlen=seqlen,
+            acc_O=acc_O,
+            softmax=OnlineSoftmax(scale_log2, rows_per_thread),
+            mask=AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen),
+        )
+
+        # ---- Prologue: Q and the last visible K tile ---------------------------------------------
+        q_rows_left = seqlen.seqlen_q - m_block * self.tile_m
+        thread_q_rows_left = q_rows_left - tQcQ[0][0]
+        for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+            if t0QcQ[0, m, 0][0] < thread_q_rows_left:
+                cute.copy(gmem_copy_async, tQgQ[None, m, None], tQsQ[None, m, None])
+        if n_block_max > n_block_min:
+            self.load_kv_tile(
+                kv.gK, kv.sK, n_block_max - 1, kv=kv, seqlen_k=seqlen.seqlen_k,
+                check_rows=True, zero_fill=False,
             )
-            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_q), Float32)
-            acc_O.fill(0.0)
-            rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
-            query = QueryTile(
-                m_block=m_block,
-                seqlen=seqlen,
-                acc_O=acc_O,
-                softmax=OnlineSoftmax(scale_log2, rows_per_thread),
-                mask=AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen),
+        cute.arch.cp_async_commit_group()
+
+        # ---- Main loop: key tiles from last to first ---------------------------------------------
+        # The last tile is masked (seqlen bound, and the diagonal when causal); then the
+        # tiles crossing the diagonal; then the fully visible ones, unmasked.
+        num_causal_tiles = Int32(0)
+        if cutlass.const_expr(self.causal):
+            causal_start = block_info.n_block_causal_start(seqlen, m_block)
+            num_causal_tiles = cutlass.max(n_block_max - 1 - causal_start, 0)
+        n_block_unmasked_end = cutlass.max(n_block_max - 1 - num_causal_tiles, n_block_min)
+        if n_block_max > n_block_min:
+            self.compute_tile(
+                n_block_max - 1, kv=kv, mma=mma, query=query,
+                is_first=True, mask_seqlen=True, mask_causal=self.causal,
+            )
+        for i in cutlass.range(num_causal_tiles, unroll=1):
+            self.compute_tile(
+                n_block_max - 2 - i, kv=kv, mma=mma, query=query,
+                is_first=False, mask_seqlen=False, mask_causal=True,
+            )
+        for i in cutlass.range(n_block_unmasked_end - n_block_min, unroll=1):
+            self.compute_tile(
+                n_block_unmasked_end - 1 - i, kv=kv, mma=mma, query=query,
+                is_first=False, mask_seqlen=False, mask_causal=False,
             )
 
-            # ---- Prologue: Q and the last visible K tile -----------------------------------
-            q_rows_left = seqlen.seqlen_q - m_block * self.tile_m
-            thread_q_rows_left = q_rows_left - tQcQ[0][0]
-            for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
-                if t0QcQ[0, m, 0][0] < thread_q_rows_left:
-                    cute.copy(gmem_copy_async, tQgQ[None, m, None], tQsQ[None, m, None])
-            if n_block_max > n_block_min:
-                self.load_kv_tile(
-                    kv.gK, kv.sK, n_block_max - 1, kv=kv, seqlen_k=seqlen.seqlen_k,
-                    check_rows=True, zero_fill=False,
-                )
-            cute.arch.cp_async_commit_group()
-
-            # ---- Main loop: key tiles from last to first ------------------------------------
-            # The last tile is masked (seqlen bound, and the diagonal when causal); then the
-            # tiles crossing the diagonal; then the fully visible ones, unmasked.
-            num_causal_tiles = Int32(0)
-            if cutlass.const_expr(self.causal):
-                causal_start = block_info.n_block_causal_start(seqlen, m_block)
-                num_causal_tiles = cutlass.max(n_block_max - 1 - causal_start, 0)
-            n_block_unmasked_end = cutlass.max(n_block_max - 1 - num_causal_tiles, n_block_min)
-            if n_block_max > n_block_min:
-                self.compute_tile(
-                    n_block_max - 1, kv=kv, mma=mma, query=query,
-                    is_first=True, mask_seqlen=True, mask_causal=self.causal,
-                )
-            for i in cutlass.range(num_causal_tiles, unroll=1):
-                self.compute_tile(
-                    n_block_max - 2 - i, kv=kv, mma=mma, query=query,
-                    is_first=False, mask_seqlen=False, mask_causal=True,
-                )
-            for i in cutlass.range(n_block_unmasked_end - n_block_min, unroll=1):
-                self.compute_tile(
-                    n_block_unmasked_end - 1 - i, kv=kv, mma=mma, query=query,
-                    is_first=False, mask_seqlen=False, mask_causal=False,
-                )
-
-            # ---- Epilogue ------------------------------------------------------------------
-            lse = cute.make_rmem_tensor(query.softmax.num_rows, Float32)
-            row_scale = query.softmax.finalize(lse)
-            rescale_rows(acc_O, row_scale)
-            store_lse(
-                cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,)),
-                lse,
-                tile_coords(thr_mma, (self.tile_m, self.tile_n)),
-                q_rows_left,
-            )
-            # O overwrites the Q buffer: the Q cp.async must have landed (a tile that saw no
-            # key never waited for it) and every warp must be done reading Q and V.
-            cute.arch.cp_async_wait_group(0)
-            cute.arch.barrier()
-            store_o(
-                acc_O,
-                sQ,
-                cute.local_tile(mO[batch, None, head, None], tile_q, (m_block, 0)),
-                q_rows_left,
-                tiled_mma=tiled_mma,
-                gmem_tiled_copy=gmem_copy_store,
-                tidx=tidx,
-                sync=cute.arch.barrier,
-            )
-            work = scheduler.advance()
-            if work.is_valid:
-                # The next tile's Q load reuses the buffer the O store just read. (Never taken
-                # with one tile per CTA: the condition is a constant and the branch folds away.)
-                cute.arch.barrier()
+        # ---- Epilogue ----------------------------------------------------------------------------
+        lse = cute.make_rmem_tensor(query.softmax.num_rows, Float32)
+        row_scale = query.softmax.finalize(lse)
+        rescale_rows(acc_O, row_scale)
+        store_lse(
+            cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,)),
+            lse,
+            tile_coords(thr_mma, (self.tile_m, self.tile_n)),
+            q_rows_left,
+        )
+        # O overwrites the Q buffer: the Q cp.async must have landed (a tile that saw no
+        # key never waited for it) and every warp must be done reading Q and V.
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        store_o(
+            acc_O,
+            sQ,
+            cute.local_tile(mO[batch, None, head, None], tile_q, (m_block, 0)),
+            q_rows_left,
+            tiled_mma=tiled_mma,
+            gmem_tiled_copy=gmem_copy_store,
+            tidx=tidx,
+            sync=cute.arch.barrier,
+        )
 
     @cute.jit
     def compute_tile(
