@@ -2,8 +2,8 @@
 
 Compares cuteattn against PyTorch SDPA (flash and cuDNN kernels) and upstream FlashAttention-4
 on the same inputs, in interleaved timing rounds; ``cuteattn-<family>`` backends time one kernel
-family each. Backend libraries are imported only when a
-benchmark run loads them, so this package imports without a GPU or the CuTe DSL.
+family each. Backend libraries are imported only when a benchmark run loads them, so this
+package imports without a GPU or the CuTe DSL.
 """
 
 from .backends import BACKEND_NAMES, DEFAULT_BACKENDS

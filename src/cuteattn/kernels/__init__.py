@@ -1,1 +1,3 @@
-"""CuTe DSL kernels. Families: sm80 (mma.sync + cp.async); common holds shared pieces."""
+"""CuTe DSL kernels, one package per family (sm80: mma.sync + cp.async), each with a pure-Python
+descriptor ``<family>/family.py`` (interface in ``family.py``); ``common`` holds what every
+family uses."""
