@@ -226,6 +226,11 @@ GOLDEN = {
     ("sm_86", 256, True, "fp16", None): sm80_plan(
         arch="sm_86", dtype="fp16", head_dim=256, causal=True, tile_m=64
     ),
+    # The planner's own choice on Hopper (the sm80 family until the sm90 family registers).
+    ("sm_90a", 128, False, "bf16", None): sm80_plan(),
+    ("sm_90a", 256, True, "fp16", None): sm80_plan(
+        dtype="fp16", head_dim=256, causal=True, tile_m=64
+    ),
     ("sm_90a", 64, False, "bf16", "sm80"): sm80_plan(head_dim=64, tile_n=128),
     ("sm_90a", 64, True, "bf16", "sm80"): sm80_plan(head_dim=64, causal=True),
     ("sm_90a", 96, False, "fp16", "sm80"): sm80_plan(dtype="fp16", head_dim=96),

@@ -74,6 +74,21 @@ class KernelFamily(abc.ABC):
                 return plan
         return None
 
+    def representative_problems(
+        self, *, dtype: str, head_dim: int, causal: bool, arch: ArchCaps
+    ) -> tuple[Problem, ...]:
+        """Problems that reach every plan the family can choose on ``arch`` for these compile
+        settings: short and long sequences, MHA and GQA. A family whose choice depends on
+        other sizes overrides this."""
+        return tuple(
+            Problem(
+                batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=heads_q, heads_kv=1,
+                head_dim=head_dim, head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch,
+            )
+            for seqlen in (1, 2**14)
+            for heads_q in (1, 8)
+        )
+
     def every_plan(
         self, *, dtype: str, head_dim: int, causal: bool, run_on: ArchCaps
     ) -> tuple[KernelPlan, ...]:
@@ -86,18 +101,17 @@ class KernelFamily(abc.ABC):
         for arch in KNOWN_ARCHS.values():
             if not self.supports(arch):
                 continue
-            problem = Problem(
-                batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
-                head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch,
-            )
-            if self.reject_reason(problem) is not None:
-                continue
-            chosen = self.choose(problem)
-            if chosen is None:
-                continue
-            plan = dataclasses.replace(chosen, arch=run_on.name)
-            if plan not in plans and self.can_implement(plan, run_on):
-                plans.append(plan)
+            for problem in self.representative_problems(
+                dtype=dtype, head_dim=head_dim, causal=causal, arch=arch
+            ):
+                if self.reject_reason(problem) is not None:
+                    continue
+                chosen = self.choose(problem)
+                if chosen is None:
+                    continue
+                plan = dataclasses.replace(chosen, arch=run_on.name)
+                if plan not in plans and self.can_implement(plan, run_on):
+                    plans.append(plan)
         return tuple(plans)
 
     def __repr__(self) -> str:
