@@ -4,10 +4,17 @@ torch.library registration (fake implementations for torch.compile, autograd) co
 backward pass; until then the forward is a plain function.
 """
 
+import functools
+
 import torch
 
 from cuteattn.plan import KernelPlan
 from cuteattn.runtime.compile import compile_forward
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def forward(
@@ -23,5 +30,6 @@ def forward(
         if out is None:
             out = torch.empty(batch, seqlen_q, heads_q, v.shape[3], dtype=q.dtype, device=q.device)
         lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device)
-        compile_forward(plan)(q, k, v, out, lse, softmax_scale)
+        kernel = compile_forward(plan)
+        kernel(q, k, v, out, lse, softmax_scale, _num_sms(q.device.index))
     return out, lse

@@ -57,8 +57,9 @@ class KernelFamily(abc.ABC):
     def kernel(self, plan: KernelPlan):
         """The forward kernel object for ``plan``, ready for ``cute.compile``.
 
-        Called as ``kernel(q, k, v, out, lse, softmax_scale, stream)`` with the tensors of
-        ``fake_forward_args``.
+        Called as ``kernel(q, k, v, out, lse, softmax_scale, max_ctas, stream)`` with the
+        tensors of ``fake_forward_args``; ``max_ctas`` (Int32, the SM count) sizes a persistent
+        kernel's grid, and single-tile kernels ignore it.
         """
 
     def fake_forward_args(self, plan: KernelPlan) -> tuple:

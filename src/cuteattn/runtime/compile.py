@@ -25,7 +25,12 @@ def _check_dependencies_once() -> None:
 
 
 def compile_forward(plan: KernelPlan):
-    """Compile (or fetch) the forward kernel for a plan; call it as fn(q, k, v, out, lse, scale)."""
+    """Compile (or fetch) the forward kernel for a plan.
+
+    Call it as ``fn(q, k, v, out, lse, softmax_scale, max_ctas)``: ``max_ctas`` is how many CTAs
+    can be resident at once (the device's SM count), the grid of a persistent kernel; a runtime
+    value, so one compiled kernel serves every SKU of an arch.
+    """
     fn = _compiled.get(plan)
     if fn is None:
         _check_dependencies_once()
@@ -41,6 +46,7 @@ def compile_forward(plan: KernelPlan):
             family.kernel(plan),
             *family.fake_forward_args(plan),
             cutlass.Float32(1.0),
+            cutlass.Int32(1),
             stream,
             options=f"--enable-tvm-ffi --gpu-arch {plan.arch}",
         )

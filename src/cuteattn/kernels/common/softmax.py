@@ -41,6 +41,33 @@ def quad_allreduce_sum(value: Float32) -> Float32:
     return value
 
 
+ILP_CHAINS = 4
+
+
+def row_reduce(values: cute.Tensor, combine, init: Float32) -> Float32:
+    """combine() over a register row, in ILP_CHAINS independent chains.
+
+    One chain over a row (TensorSSA.reduce) is a sequence of dependent FMNMX / FADD, bound by
+    their latency; four chains keep the pipes busy and cost the same instruction count. Plain
+    Python (traced inside the caller's jit): the loops unroll at trace time.
+    """
+    n = cute.size(values)
+    chains = min(ILP_CHAINS, n)
+    partial = [values[i] for i in range(chains)]
+    for i in range(chains, n):
+        partial[i % chains] = combine(partial[i % chains], values[i])
+    while len(partial) > 1:
+        partial = [
+            combine(partial[i], partial[i + 1]) if i + 1 < len(partial) else partial[i]
+            for i in range(0, len(partial), 2)
+        ]
+    return combine(partial[0], init)
+
+
+def _add(a, b):
+    return a + b
+
+
 class OnlineSoftmax:
     """Running row max / row sum for the rows of one thread's accumulator fragment."""
 
@@ -63,13 +90,13 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(self.num_rows):
             row = scores[r, None].load()
             prev_max = self.row_max[r]
-            new_max = quad_allreduce_max(row.reduce(cute.ReductionOp.MAX, prev_max, 0))
+            new_max = quad_allreduce_max(row_reduce(scores[r, None], cute.arch.fmax, prev_max))
             # A fully masked row so far: subtract 0 instead of -inf so exp2 yields 0, not NaN.
             safe_max = new_max if new_max != -Float32.inf else Float32(0.0)
             max_scaled = safe_max * self.scale_log2
             probs = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
             scores[r, None] = probs
-            tile_sum = probs.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+            tile_sum = row_reduce(scores[r, None], _add, Float32.zero)
             if cutlass.const_expr(is_first):
                 row_scale[r] = Float32(1.0)
                 self.row_sum[r] = tile_sum

@@ -116,6 +116,7 @@ class FlashForwardSm80:
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
         softmax_scale: Float32,
+        max_ctas: Int32,  # CTAs resident at once; unused: this kernel launches a CTA per tile
         stream,
     ):
         if cutlass.const_expr(not (mQ.element_type == mK.element_type == mV.element_type)):

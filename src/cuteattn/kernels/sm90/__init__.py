@@ -1,0 +1,1 @@
+"""The Hopper family: TMA loads, WGMMA, warp specialisation (sm_90a)."""

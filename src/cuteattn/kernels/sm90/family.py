@@ -1,0 +1,124 @@
+"""The sm90 family to the planner: TMA + WGMMA + warp specialisation, on archs with WGMMA and
+TMA (sm_90a: H100, H200). Plain Python; the kernel is imported lazily.
+
+Plan options (compile-time switches, ``KernelPlan.options``):
+  - ``pingpong``: consumer warpgroups take turns issuing GEMMs (named barriers), so one
+    warpgroup's softmax overlaps the other's GEMMs;
+  - ``persistent``: one CTA per SM walks the work tiles; the next tile's loads overlap this
+    tile's epilogue (needs an O buffer of its own in shared memory).
+"""
+
+from cuteattn.arch import ArchCaps
+from cuteattn.kernels.family import KernelFamily
+from cuteattn.kernels.sm90 import tiling
+from cuteattn.plan import DTYPES, KernelPlan, Problem
+
+# Query lengths up to this are short: per-tile prologue and epilogue are a large share of a
+# tile's time, and a persistent kernel hides them behind the next tile (docs/PERF.md).
+PERSISTENT_MAX_SEQLEN_Q = 2048
+
+# Tiles per head dim, in order of preference: (tile_m, tile_n, num_stages). Measured on the
+# H200 (docs/PERF.md, scripts/tune_sm90.py). tile_m is 64 rows per consumer warpgroup.
+SM90_TILES = {
+    (64, False): ((192, 128, 2), (128, 128, 2)),
+    (64, True): ((128, 128, 2),),
+    (96, False): ((128, 128, 2),),
+    (96, True): ((128, 128, 2),),
+    (128, False): ((128, 128, 2),),
+    (128, True): ((128, 128, 2),),
+    (192, False): ((128, 112, 2), (128, 96, 2)),
+    (192, True): ((128, 112, 2), (128, 96, 2)),
+    (256, False): ((128, 80, 2), (128, 64, 2)),
+    (256, True): ((128, 64, 2), (128, 80, 2)),
+}
+
+
+def default_pingpong(head_dim: int, tile_m: int) -> bool:
+    """Ping-pong pays where softmax is a large share of a tile's time (head dims up to 128)."""
+    return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
+
+
+class Sm90Family(KernelFamily):
+    name = "sm90"
+    head_dims = tiling.SUPPORTED_HEAD_DIMS
+
+    def supports(self, arch: ArchCaps) -> bool:
+        return arch.wgmma and arch.tma
+
+    def reject_reason(self, problem: Problem) -> str | None:
+        reason = super().reject_reason(problem)
+        if reason is None and problem.batch * problem.heads_q * problem.seqlen_q >= 2**31:
+            reason = "more than 2^31 query rows in one launch (a 32-bit tile index)"
+        return reason
+
+    def plan(
+        self, arch: ArchCaps, *, dtype, head_dim, causal, tile_m, tile_n, num_stages,
+        persistent, pingpong=None,
+    ) -> KernelPlan:
+        if pingpong is None:
+            pingpong = default_pingpong(head_dim, tile_m)
+        return KernelPlan(
+            family=self.name,
+            arch=arch.name,
+            dtype=dtype,
+            head_dim=head_dim,
+            causal=causal,
+            tile_m=tile_m,
+            tile_n=tile_n,
+            num_threads=tiling.num_threads(tile_m),
+            num_stages=num_stages,
+            options=(
+                ("persistent", persistent),
+                ("pingpong", pingpong),
+            ),
+        )
+
+    def candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
+        short = problem.seqlen_q <= PERSISTENT_MAX_SEQLEN_Q
+        plans = []
+        for tile_m, tile_n, num_stages in SM90_TILES.get((problem.head_dim, problem.causal), ()):
+            # Persistent first where it pays; single-tile as the fallback when its separate O
+            # buffer does not fit.
+            for persistent in ((True, False) if short else (False,)):
+                plans.append(
+                    self.plan(
+                        problem.arch, dtype=problem.dtype, head_dim=problem.head_dim,
+                        causal=problem.causal, tile_m=tile_m, tile_n=tile_n,
+                        num_stages=num_stages, persistent=persistent,
+                    )
+                )
+        return tuple(plans)
+
+    def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
+        names = tuple(name for name, _ in plan.options)
+        return (
+            plan.family == self.name
+            and plan.arch == arch.name
+            and self.supports(arch)
+            and plan.dtype in DTYPES
+            and names == ("persistent", "pingpong")
+            and plan.num_threads == tiling.num_threads(plan.tile_m)
+            and (not plan.option("pingpong") or tiling.num_consumer_warpgroups(plan.tile_m) >= 2)
+            and tiling.can_implement(
+                plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
+                separate_o=plan.option("persistent"), smem_capacity=arch.smem_per_block,
+            )
+        )
+
+    def kernel(self, plan: KernelPlan):
+        from cuteattn.kernels.common.compile_args import dsl_dtype
+        from cuteattn.kernels.sm90.forward import FlashForwardSm90
+
+        return FlashForwardSm90(
+            dtype=dsl_dtype(plan.dtype),
+            head_dim=plan.head_dim,
+            tile_m=plan.tile_m,
+            tile_n=plan.tile_n,
+            num_stages=plan.num_stages,
+            causal=plan.causal,
+            pingpong=plan.option("pingpong"),
+            persistent=plan.option("persistent"),
+        )
+
+
+FAMILY = Sm90Family()

@@ -1,0 +1,713 @@
+"""Attention forward for the Hopper family: TMA + WGMMA + warp specialisation (sm_90a).
+
+Layouts (flash-attn's): q, out (batch, seqlen_q, heads_q, dim); k, v (batch, seqlen_k,
+heads_kv, dim); lse (batch, heads_q, seqlen_q) fp32. The last mode is contiguous; other strides
+are multiples of 16 bytes and may exceed 2^31 (TMA descriptors hold 64-bit strides).
+
+A CTA computes (tile_m x dim) tiles of out, one (m_block, head, batch) work tile at a time:
+one per CTA, or, persistent, a strided share of all of them (``LinearTileScheduler``: L2-sized
+sections of heads, longest query tiles first when causal). Its warpgroups:
+  - warpgroup 0, the producer: one warp issues TMA loads of the Q tile and of K and V tiles
+    into a ``num_stages``-deep ring of swizzled shared-memory buffers (mbarrier pipelines);
+    it keeps few registers (setmaxnreg) and gives the rest to the consumers.
+  - warpgroups 1..n, the consumers: each owns 64 rows of the query tile. For the key tiles
+    n_block = last .. first:
+      1. S = Q K^T with WGMMA, both operands in shared memory;
+      2. mask S (seqlen bound on the first tile, the causal diagonal on crossing tiles;
+         tiles above the diagonal are never loaded);
+      3. online softmax in exp2 with the scale folded in; P stays in registers;
+      4. O += P V with WGMMA, P from registers, V^T from shared memory.
+    Intra-warpgroup overlap: the GEMM S(n) = Q K(n)^T is issued before O += P(n+1) V(n+1),
+    so the softmax of tile n runs while the tensor cores finish P V of the previous tile.
+    Ping-pong (head dims up to 128, two or more consumer warpgroups): named barriers let
+    one warpgroup issue its GEMMs while the other does its softmax.
+  - epilogue: O /= row_sum, LSE = (max * scale) + ln(row_sum); O goes registers -> shared
+    memory -> global by a TMA store, which clips rows past seqlen_q; the LSE is written from
+    registers. Single-tile kernels put O in Q's buffer; persistent ones have an O buffer of
+    their own, so the next tile's Q can load while O is stored.
+A query tile that sees no key (causal with seqlen_q > seqlen_k) loads nothing and writes
+O = 0, LSE = -inf.
+
+Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256 and dim_v == dim; tile_m = 64 per
+consumer warpgroup (1..3); tile_n a multiple of 16; Q (+ O), stages of K and V within 227 KB.
+
+Compile and run: ``cuteattn.flash_attn_func`` plans, compiles (once per plan) and launches it;
+tests/cpu/test_compile.py cross-compiles the variants for sm_90a on a CPU.
+Profile with ``ncu --clock-control none python -m cuteattn.bench --dims 128``.
+"""
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as hopper
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from cuteattn.kernels.common.block_info import BlockInfo
+from cuteattn.kernels.common.epilogue import store_lse
+from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
+from cuteattn.kernels.common.linear_scheduler import (
+    LinearTileCounts,
+    LinearTileScheduler,
+    make_linear_tile_counts,
+)
+from cuteattn.kernels.common.mask import AttentionMask
+from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
+from cuteattn.kernels.common.tile_scheduler import WorkTile
+from cuteattn.kernels.sm90 import tiling
+from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, NamedBarrier, gemm
+
+LOG2_E = math.log2(math.e)
+
+
+def _smem_layout(dtype, rows: int, cols: int, stages: int | None = None):
+    """Swizzled K-major (rows, cols[, stages]) layout that WGMMA and TMA both read."""
+    atom = warpgroup.make_smem_layout_atom(
+        hopper.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
+    )
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    return cute.tile_to_shape(atom, shape, (0, 1) if stages is None else (0, 1, 2))
+
+
+def _transposed(tensor: cute.Tensor) -> cute.Tensor:
+    """(rows, cols, ...) smem tensor seen as (cols, rows, ...): V as the B operand of P V."""
+    shape = (tensor.shape[1], tensor.shape[0], *tensor.shape[2:])
+    order = (1, 0, *range(2, cute.rank(tensor)))
+    return cute.composition(tensor, cute.make_ordered_layout(shape, order=order))
+
+
+def _permuted(tensor: cute.Tensor, modes: list[int]) -> cute.Tensor:
+    return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=modes))
+
+
+class FlashForwardSm90:
+    def __init__(
+        self,
+        *,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        tile_m: int,
+        tile_n: int,
+        num_stages: int,
+        causal: bool,
+        pingpong: bool | None = None,
+        persistent: bool = False,
+    ):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.num_stages = num_stages
+        self.causal = causal
+        self.persistent = persistent
+        self.num_consumer_wgs = tiling.num_consumer_warpgroups(tile_m)
+        self.num_consumer_threads = self.num_consumer_wgs * THREADS_PER_WARPGROUP
+        self.num_threads = tiling.num_threads(tile_m)
+        self.consumer_regs, self.producer_regs = tiling.REGISTER_SPLIT[self.num_consumer_wgs]
+        # Ping-pong pays where softmax is a large share of a tile's time (small head dims).
+        if pingpong is None:
+            pingpong = self.num_consumer_wgs >= 2 and head_dim <= 128
+        self.pingpong = pingpong and self.num_consumer_wgs >= 2
+        # Large head dims: rescale O while S = Q K^T is in flight rather than after softmax,
+        # which keeps the (large) O rescale off the critical path.
+        self.rescale_o_before_pv = head_dim > 128
+
+    @staticmethod
+    def can_implement(head_dim, tile_m, tile_n, num_stages, persistent, smem_capacity) -> bool:
+        return tiling.can_implement(
+            head_dim, tile_m, tile_n, num_stages, separate_o=persistent,
+            smem_capacity=smem_capacity,
+        )
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
+        mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
+        softmax_scale: Float32,
+        max_ctas: Int32,  # CTAs resident at once (the SM count): a persistent kernel's grid
+        stream,
+    ):
+        if cutlass.const_expr(not (mQ.element_type == mK.element_type == mV.element_type)):
+            raise TypeError("q, k and v must share one dtype")
+        if cutlass.const_expr(mO.element_type != mQ.element_type):
+            raise TypeError("out must have the dtype of q")
+        counts = make_linear_tile_counts(
+            seqlen_q=mQ.shape[1], seqlen_k=mK.shape[1], tile_m=self.tile_m,
+            num_heads=mQ.shape[2], num_batches=mQ.shape[0],
+            kv_bytes_per_key=2 * self.head_dim * self.dtype.width // 8,
+        )
+
+        # TMA boxes tile the first two modes: view tensors as (seqlen, dim, heads, batch).
+        mQ, mK, mV, mO = (_permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO))
+        mLSE = _permuted(mLSE, [2, 1, 0])  # (seqlen_q, heads_q, batch)
+
+        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim)
+        sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
+        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
+        o_elems = cute.cosize(sQ_layout) if cutlass.const_expr(self.persistent) else 0
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
+            tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim)
+        )
+        kv_stage_layout = cute.select(sK_layout, mode=[0, 1])
+        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(
+            tma_load, mK, kv_stage_layout, (self.tile_n, self.head_dim), 1
+        )
+        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(
+            tma_load, mV, kv_stage_layout, (self.tile_n, self.head_dim), 1
+        )
+        tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (self.tile_m, self.head_dim)
+        )
+        tile_bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
+        tile_bytes_kv = cute.size_in_bytes(self.dtype, kv_stage_layout)
+
+        # Consumer warpgroups stack along M, 64 rows each.
+        tiled_mma_qk = hopper.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.K,
+            Float32,
+            atom_layout_mnk=(self.num_consumer_wgs, 1, 1),
+            tiler_mn=(64, self.tile_n),
+        )
+        tiled_mma_pv = hopper.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.MN,
+            Float32,
+            atom_layout_mnk=(self.num_consumer_wgs, 1, 1),
+            tiler_mn=(64, self.head_dim),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+
+        grid = LinearTileScheduler.grid_shape(
+            counts, persistent=self.persistent, max_ctas=max_ctas
+        )
+        self.kernel(
+            tma_q,
+            tma_k,
+            tma_v,
+            tma_o,
+            mLSE,
+            tma_atom_q,
+            tma_atom_k,
+            tma_atom_v,
+            tma_atom_o,
+            softmax_scale * LOG2_E,
+            counts,
+            sQ_layout,
+            sK_layout,
+            sV_layout,
+            tiled_mma_qk,
+            tiled_mma_pv,
+            tile_bytes_q,
+            tile_bytes_kv,
+            SharedStorage,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch)
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,  # (seqlen_q, heads_q, batch)
+        tma_atom_q: cute.CopyAtom,
+        tma_atom_k: cute.CopyAtom,
+        tma_atom_v: cute.CopyAtom,
+        tma_atom_o: cute.CopyAtom,
+        scale_log2: Float32,
+        counts: LinearTileCounts,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        tile_bytes_q: cutlass.Constexpr[int],
+        tile_bytes_kv: cutlass.Constexpr[int],
+        SharedStorage: cutlass.Constexpr,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        producer_warp = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        # One arrive per consumer warp releases a buffer (PipelineTmaAsync elects a lane).
+        consumer_warps = pipeline.CooperativeGroup(
+            pipeline.Agent.Thread, self.num_consumer_threads // 32
+        )
+        pipeline_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(),
+            num_stages=1,
+            producer_group=producer_warp,
+            consumer_group=consumer_warps,
+            tx_count=tile_bytes_q,
+            defer_sync=True,
+        )
+        pipeline_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(),
+            num_stages=self.num_stages,
+            producer_group=producer_warp,
+            consumer_group=consumer_warps,
+            tx_count=tile_bytes_kv,
+            defer_sync=True,
+        )
+        pipeline_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(),
+            num_stages=self.num_stages,
+            producer_group=producer_warp,
+            consumer_group=consumer_warps,
+            tx_count=tile_bytes_kv,
+            defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive()
+        pipeline.pipeline_init_wait()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sO = sQ
+        if cutlass.const_expr(self.persistent):
+            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        block_info = BlockInfo(tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        seqlen = SeqlenInfo(seqlen_q=mQ.shape[0], seqlen_k=mK.shape[0])
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.produce(
+                    mQ, mK, mV, sQ, sK, sV, tma_atom_q, tma_atom_k, tma_atom_v,
+                    pipeline_q, pipeline_k, pipeline_v, counts, block_info, seqlen,
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consume(
+                mO, mLSE, sQ, sK, sV, sO, tma_atom_o, tiled_mma_qk, tiled_mma_pv,
+                pipeline_q, pipeline_k, pipeline_v, scale_log2, counts, block_info, seqlen,
+            )
+
+    # ---- Producer: TMA loads ------------------------------------------------------------------
+
+    @cute.jit
+    def produce(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        tma_atom_q: cute.CopyAtom,
+        tma_atom_k: cute.CopyAtom,
+        tma_atom_v: cute.CopyAtom,
+        pipeline_q: pipeline.PipelineAsync,
+        pipeline_k: pipeline.PipelineAsync,
+        pipeline_v: pipeline.PipelineAsync,
+        counts: LinearTileCounts,
+        block_info: BlockInfo,
+        seqlen: SeqlenInfo,
+    ):
+        """Per work tile: Q, then K and V tiles from the last visible one down to 0, in the
+        order the consumers use them (with intra-warpgroup overlap K(n - 1) before V(n))."""
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        scheduler = LinearTileScheduler.create(
+            counts, longest_first=self.causal, persistent=self.persistent
+        )
+        work = scheduler.initial_work_tile()
+        loads = dict(
+            mQ=mQ, mK=mK, mV=mV, sQ=sQ, sK=sK, sV=sV, tma_atom_q=tma_atom_q,
+            tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v, pipeline_q=pipeline_q,
+            pipeline_k=pipeline_k, pipeline_v=pipeline_v, block_info=block_info, seqlen=seqlen,
+        )
+        if cutlass.const_expr(self.persistent):
+            while work.is_valid:
+                q_state, kv_state = self.produce_tile(work, q_state, kv_state, **loads)
+                work = scheduler.advance()
+        else:
+            # One work tile per CTA, straight-line: a loop here costs registers in the consumers.
+            q_state, kv_state = self.produce_tile(work, q_state, kv_state, **loads)
+
+    @cute.jit
+    def produce_tile(
+        self, work: WorkTile, q_state, kv_state, *, mQ, mK, mV, sQ, sK, sV, tma_atom_q,
+        tma_atom_k, tma_atom_v, pipeline_q, pipeline_k, pipeline_v, block_info, seqlen,
+    ):
+        """One work tile's loads; returns the advanced pipeline states."""
+        head_kv = work.head // (mQ.shape[2] // mK.shape[2])
+        _, n_block_max = block_info.n_block_min_max(seqlen, work.m_block)
+        gQ = cute.local_tile(
+            mQ[None, None, work.head, work.batch], (self.tile_m, self.head_dim),
+            (work.m_block, 0),
+        )
+        tile_kv = (self.tile_n, self.head_dim)
+        gK = cute.local_tile(mK[None, None, head_kv, work.batch], tile_kv, (None, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, work.batch], tile_kv, (None, 0))
+        tQsQ, tQgQ = self.tma_partition(tma_atom_q, sQ, gQ)
+        tKsK, tKgK = self.tma_partition(tma_atom_k, sK, gK)
+        tVsV, tVgV = self.tma_partition(tma_atom_v, sV, gV)
+        if n_block_max > 0:
+            self.load_tile(tma_atom_k, tKgK, tKsK, pipeline_k, n_block_max - 1, kv_state)
+            pipeline_q.producer_acquire(q_state)
+            cute.copy(
+                tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state)
+            )
+            q_state.advance()
+            for i in cutlass.range(n_block_max - 1, unroll=1):
+                n_block = n_block_max - 2 - i
+                v_state = kv_state.clone()
+                kv_state.advance()
+                self.load_tile(tma_atom_k, tKgK, tKsK, pipeline_k, n_block, kv_state)
+                self.load_tile(tma_atom_v, tVgV, tVsV, pipeline_v, n_block + 1, v_state)
+            self.load_tile(tma_atom_v, tVgV, tVsV, pipeline_v, 0, kv_state)
+            kv_state.advance()
+        return q_state, kv_state
+
+    def tma_partition(self, tma_atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor):
+        """(smem, gmem) views for TMA: a tile's two modes grouped, stages / tiles after them."""
+        return cpasync.tma_partition(
+            tma_atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+            cute.group_modes(gmem, 0, 2),
+        )
+
+    @cute.jit
+    def load_tile(
+        self,
+        tma_atom: cute.CopyAtom,
+        tiles_gmem: cute.Tensor,
+        stages_smem: cute.Tensor,
+        kv_pipeline: pipeline.PipelineAsync,
+        n_block: Int32,
+        state: pipeline.PipelineState,
+    ):
+        """TMA one K or V tile into the stage ``state`` names, once that stage is free."""
+        kv_pipeline.producer_acquire(state)
+        cute.copy(
+            tma_atom, tiles_gmem[None, n_block], stages_smem[None, state.index],
+            tma_bar_ptr=kv_pipeline.producer_get_barrier(state),
+        )
+
+    # ---- Consumers: GEMMs, softmax, epilogue --------------------------------------------------
+
+    @cute.jit
+    def consume(
+        self,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sO: cute.Tensor,
+        tma_atom_o: cute.CopyAtom,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        pipeline_q: pipeline.PipelineAsync,
+        pipeline_k: pipeline.PipelineAsync,
+        pipeline_v: pipeline.PipelineAsync,
+        scale_log2: Float32,
+        counts: LinearTileCounts,
+        block_info: BlockInfo,
+        seqlen: SeqlenInfo,
+    ):
+        tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        # Shared-memory operands are partitioned per warpgroup (WGMMA reads them as a whole).
+        wg_mma_qk = tiled_mma_qk.get_slice(wg_idx * THREADS_PER_WARPGROUP)
+        wg_mma_pv = tiled_mma_pv.get_slice(wg_idx * THREADS_PER_WARPGROUP)
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(_transposed(sV)))
+        tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        acc_O = cute.make_rmem_tensor(
+            tiled_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32
+        )
+        num_rows = cute.size(acc_as_rows_cols(acc_O), mode=[0])
+        mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
+        # O rescale factors held back to the next P V (rescale_o_before_pv).
+        pending_scale = cute.make_rmem_tensor(num_rows, Float32)
+
+        if cutlass.const_expr(self.pingpong):
+            # The first consumer warpgroup goes first: pre-arrive on its own barrier.
+            if wg_idx == 0:
+                cute.arch.barrier_arrive(
+                    barrier_id=int(NamedBarrier.SCHEDULER_WG0),
+                    number_of_threads=2 * THREADS_PER_WARPGROUP,
+                )
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        step = dict(
+            thr_mma_qk=thr_mma_qk, tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv,
+            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP, acc_O=acc_O, mask=mask, pending_scale=pending_scale, pipeline_k=pipeline_k,
+            pipeline_v=pipeline_v, wg_idx=wg_idx,
+        )
+        scheduler = LinearTileScheduler.create(
+            counts, longest_first=self.causal, persistent=self.persistent
+        )
+        work = scheduler.initial_work_tile()
+        tile_args = dict(
+            mO=mO, mLSE=mLSE, sO=sO, tma_atom_o=tma_atom_o, pipeline_q=pipeline_q,
+            scale_log2=scale_log2, block_info=block_info, seqlen=seqlen, tidx=tidx,
+            num_rows=num_rows, step=step,
+        )
+        if cutlass.const_expr(self.persistent):
+            while work.is_valid:
+                q_state, kv_state = self.consume_tile(work, q_state, kv_state, **tile_args)
+                work = scheduler.advance()
+        else:
+            q_state, kv_state = self.consume_tile(work, q_state, kv_state, **tile_args)
+        if tidx < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def consume_tile(
+        self, work: WorkTile, q_state, kv_state, *, mO, mLSE, sO, tma_atom_o, pipeline_q,
+        scale_log2, block_info, seqlen, tidx, num_rows: cutlass.Constexpr[int], step,
+    ):
+        """One work tile: the key tiles, then the epilogue; returns the advanced states."""
+        acc_O = step["acc_O"]
+        thr_mma_qk = step["thr_mma_qk"]
+        tiled_mma_pv = step["tiled_mma_pv"]
+        pending_scale = step["pending_scale"]
+        m_block = work.m_block
+        _, n_block_max = block_info.n_block_min_max(seqlen, m_block)
+        # Key tiles below the first one: those crossing the diagonal, then unmasked ones.
+        num_causal_tiles = Int32(0)
+        if cutlass.const_expr(self.causal):
+            causal_start = block_info.n_block_causal_start(seqlen, m_block)
+            num_causal_tiles = cutlass.max(n_block_max - 1 - causal_start, 0)
+        num_unmasked_tiles = cutlass.max(n_block_max - 1 - num_causal_tiles, 0)
+        softmax = OnlineSoftmax(scale_log2, num_rows)
+        acc_O.fill(0.0)
+        pending_scale.fill(1.0)
+        if n_block_max > 0:
+            pipeline_q.consumer_wait(q_state)
+            kv_state = self.first_tile(
+                kv_state, n_block_max - 1, m_block=m_block, softmax=softmax, **step
+            )
+            for i in cutlass.range(num_causal_tiles, unroll=1):
+                kv_state = self.next_tile(
+                    kv_state, n_block_max - 2 - i, m_block=m_block, mask_causal=True,
+                    softmax=softmax, **step,
+                )
+            for i in cutlass.range(num_unmasked_tiles, unroll=1):
+                kv_state = self.next_tile(
+                    kv_state, num_unmasked_tiles - 1 - i, m_block=m_block,
+                    mask_causal=False, softmax=softmax, **step,
+                )
+            if cutlass.const_expr(self.persistent):
+                # Q is read by no GEMM after the last S: let the next tile's Q load.
+                pipeline_q.consumer_release(q_state)
+            kv_state = self.last_pv(kv_state, softmax=softmax, **step)
+            if cutlass.const_expr(not self.persistent):
+                pipeline_q.consumer_release(q_state)
+            q_state.advance()
+
+        # ---- Epilogue ------------------------------------------------------------------
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        row_scale = softmax.finalize(lse)
+        rescale_rows(acc_O, row_scale)
+        gLSE = cute.local_tile(mLSE[None, work.head, work.batch], (self.tile_m,), (m_block,))
+        store_lse(
+            gLSE, lse, tile_coords(thr_mma_qk, (self.tile_m, self.tile_n)),
+            seqlen.seqlen_q - m_block * self.tile_m,
+        )
+        gO = cute.local_tile(
+            mO[None, None, work.head, work.batch], (self.tile_m, self.head_dim), (m_block, 0)
+        )
+        self.store_o(gO, acc_O, sO, tma_atom_o, tiled_mma_pv, tidx)
+        return q_state, kv_state
+
+    @cute.jit
+    def qk_gemm(self, tiled_mma_qk, tSrQ, tSrK, stage: Int32, wait_groups: cutlass.Constexpr[int]):
+        acc_S = cute.make_rmem_tensor(
+            tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32
+        )
+        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], zero_init=True,
+             wait_groups=wait_groups)
+        return acc_S
+
+    @cute.jit
+    def scores_to_probs(
+        self,
+        acc_S: cute.Tensor,
+        n_block: Int32,
+        *,
+        thr_mma_qk,
+        softmax: OnlineSoftmax,
+        mask: AttentionMask,
+        m_block: Int32,
+        is_first: cutlass.Constexpr[bool],
+        mask_seqlen: cutlass.Constexpr[bool],
+        mask_causal: cutlass.Constexpr[bool],
+    ) -> cute.Tensor:
+        """Mask S, run the online softmax on it in place; returns the O rescale factors."""
+        if cutlass.const_expr(mask_seqlen or mask_causal):
+            mask.apply(
+                acc_S, thr_mma_qk, m_block, n_block, mask_seqlen=mask_seqlen,
+                mask_causal=mask_causal,
+            )
+        return softmax.step(acc_S, is_first=is_first)
+
+    def store_p(self, acc_S: cute.Tensor, tOrP: cute.Tensor):
+        """P (fp32 accumulator) -> the 16-bit A operand of P V, in registers.
+
+        The WGMMA accumulator of an m64nN tile and the register A operand of an m64nNk16 MMA
+        share the thread -> element mapping, so the conversion is element-wise.
+        """
+        tOrP.store(acc_S.load().to(self.dtype))
+
+    def scheduler_sync(self, wg_idx):
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier(
+                barrier_id=int(NamedBarrier.SCHEDULER_WG0) + wg_idx,
+                number_of_threads=2 * THREADS_PER_WARPGROUP,
+            )
+
+    def scheduler_arrive(self, wg_idx):
+        if cutlass.const_expr(self.pingpong):
+            next_wg = wg_idx + 1
+            if cutlass.const_expr(self.num_consumer_wgs == 2):
+                next_wg = 1 - wg_idx
+            else:
+                next_wg = next_wg % self.num_consumer_wgs
+            cute.arch.barrier_arrive(
+                barrier_id=int(NamedBarrier.SCHEDULER_WG0) + next_wg,
+                number_of_threads=2 * THREADS_PER_WARPGROUP,
+            )
+
+    @cute.jit
+    def first_tile(
+        self, kv_state, n_block: Int32, *, m_block: Int32, thr_mma_qk, tiled_mma_qk,
+        tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, softmax, mask, pending_scale, pipeline_k,
+        pipeline_v, wg_idx,
+    ):
+        """The last visible key tile: seqlen (and causal) mask, the softmax initialised."""
+        pipeline_k.consumer_wait(kv_state)
+        self.scheduler_sync(wg_idx)
+        acc_S = self.qk_gemm(tiled_mma_qk, tSrQ, tSrK, kv_state.index, wait_groups=0)
+        self.scheduler_arrive(wg_idx)
+        pipeline_k.consumer_release(kv_state)
+        self.scores_to_probs(
+            acc_S, n_block, thr_mma_qk=thr_mma_qk, softmax=softmax, mask=mask, m_block=m_block,
+            is_first=True, mask_seqlen=True, mask_causal=self.causal,
+        )
+        self.store_p(acc_S, tOrP)
+        return kv_state
+
+    @cute.jit
+    def next_tile(
+        self, kv_state, n_block: Int32, *, m_block: Int32, mask_causal: cutlass.Constexpr[bool],
+        thr_mma_qk, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, softmax, mask,
+        pending_scale, pipeline_k, pipeline_v, wg_idx,
+    ):
+        """One key tile after the first. kv_state is the stage whose V (of the previous key
+        tile) is still to be multiplied: S(n) is issued before P(n + 1) V(n + 1), and the
+        softmax of S(n) runs while that P V is in flight."""
+        v_state = kv_state.clone()
+        kv_state.advance()
+        pipeline_k.consumer_wait(kv_state)
+        self.scheduler_sync(wg_idx)
+        acc_S = self.qk_gemm(tiled_mma_qk, tSrQ, tSrK, kv_state.index, wait_groups=-1)
+        if cutlass.const_expr(self.rescale_o_before_pv):
+            rescale_rows(acc_O, pending_scale)
+        pipeline_v.consumer_wait(v_state)
+        gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
+             zero_init=False, wait_groups=-1)
+        self.scheduler_arrive(wg_idx)
+        warpgroup.wait_group(1)  # S is ready; P V may still run
+        pipeline_k.consumer_release(kv_state)
+        row_scale = self.scores_to_probs(
+            acc_S, n_block, thr_mma_qk=thr_mma_qk, softmax=softmax, mask=mask,
+            m_block=m_block, is_first=False, mask_seqlen=False, mask_causal=mask_causal,
+        )
+        warpgroup.wait_group(0)
+        pipeline_v.consumer_release(v_state)
+        self.store_p(acc_S, tOrP)
+        if cutlass.const_expr(self.rescale_o_before_pv):
+            pending_scale.store(row_scale.load())
+        else:
+            rescale_rows(acc_O, row_scale)
+        return kv_state
+
+    @cute.jit
+    def last_pv(
+        self, kv_state, *, thr_mma_qk, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
+        acc_O, softmax, mask, pending_scale, pipeline_k, pipeline_v, wg_idx,
+    ):
+        """O += P V for the last key tile, which the overlapped loop leaves pending."""
+        if cutlass.const_expr(self.rescale_o_before_pv):
+            rescale_rows(acc_O, pending_scale)
+        pipeline_v.consumer_wait(kv_state)
+        gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
+             zero_init=False, wait_groups=0)
+        pipeline_v.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def store_o(
+        self,
+        gO: cute.Tensor,
+        acc_O: cute.Tensor,
+        sO: cute.Tensor,
+        tma_atom_o: cute.CopyAtom,
+        tiled_mma_pv: cute.TiledMma,
+        tidx: Int32,
+    ):
+        """O -> shared memory with stmatrix -> global with one TMA store (clipped to seqlen_q).
+
+        The first consumer warp issues the store; before sO is written again it waits until the
+        previous store has read it (the barrier then holds every other thread back).
+        """
+        rO = cute.make_fragment_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        if tidx < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        # sO is free (previous store read it; single tile: no warpgroup still reads Q).
+        epilogue_threads = self.num_consumer_threads
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=epilogue_threads)
+        stmatrix = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        smem_thr_store = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(tidx)
+        cute.copy(stmatrix, smem_thr_store.retile(rO), smem_thr_store.partition_D(sO))
+        # Generic-proxy writes must be visible to the TMA (async proxy) before it reads them.
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=epilogue_threads)
+        if tidx < 32:
+            tOsO, tOgO = self.tma_partition(tma_atom_o, sO, gO)
+            cute.copy(tma_atom_o, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()

@@ -1,0 +1,50 @@
+"""What the sm90 forward kernel can tile, in plain Python (no DSL import): the planner and the
+kernel's ``can_implement`` share these rules."""
+
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+ELEM_BYTES = 2  # fp16 / bf16
+WARPGROUP_ROWS = 64  # one WGMMA atom covers 64 rows; each consumer warpgroup owns 64 query rows
+MAX_CONSUMER_WARPGROUPS = 3
+# Registers per thread after setmaxnreg, by consumer warpgroups: (consumer, producer). The
+# producer warpgroup only issues TMA, so it gives its registers to the consumers; 64K registers
+# per SM bound 128 * (producer + n * consumer).
+REGISTER_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
+MBARRIER_BYTES = 8
+
+
+def num_consumer_warpgroups(tile_m: int) -> int:
+    return tile_m // WARPGROUP_ROWS
+
+
+def num_threads(tile_m: int) -> int:
+    """One producer warpgroup plus one consumer warpgroup per 64 query rows."""
+    return 128 * (1 + num_consumer_warpgroups(tile_m))
+
+
+def smem_bytes(head_dim: int, tile_m: int, tile_n: int, num_stages: int, separate_o: bool) -> int:
+    """Q tile, num_stages K and V tiles, an O tile unless it reuses Q's buffer, barriers."""
+    q_or_o = tile_m * head_dim * ELEM_BYTES
+    kv = 2 * num_stages * tile_n * head_dim * ELEM_BYTES
+    barriers = (2 + 4 * num_stages) * MBARRIER_BYTES
+    return q_or_o * (2 if separate_o else 1) + kv + barriers + 1024  # + alignment slack
+
+
+def can_implement(
+    head_dim: int,
+    tile_m: int,
+    tile_n: int,
+    num_stages: int,
+    separate_o: bool,
+    smem_capacity: int,
+) -> bool:
+    consumers = num_consumer_warpgroups(tile_m)
+    return (
+        head_dim in SUPPORTED_HEAD_DIMS
+        and tile_m % WARPGROUP_ROWS == 0
+        and 1 <= consumers <= MAX_CONSUMER_WARPGROUPS
+        # WGMMA N is a multiple of 8 up to 256; P (tile_m x tile_n) feeds PV in k16 slices.
+        and tile_n % 16 == 0
+        and 16 <= tile_n <= 256
+        and num_stages >= 1
+        and smem_bytes(head_dim, tile_m, tile_n, num_stages, separate_o) <= smem_capacity
+    )

@@ -1,0 +1,48 @@
+"""Warpgroup-level pieces of the sm90 family: WGMMA over a tile, warp roles, named barriers.
+
+WGMMA is asynchronous: ``gemm`` issues the k-slices of one tile as a single commit group and
+waits only as far as ``wait_groups`` says, so a caller can keep one GEMM in flight while it
+works on the registers of another.
+"""
+
+import enum
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
+
+THREADS_PER_WARPGROUP = 128
+
+
+class NamedBarrier(enum.IntEnum):
+    """Hardware barrier ids (0 is __syncthreads)."""
+
+    EPILOGUE = 1  # consumer threads (+ the storing warp): O is in shared memory
+    # Ping-pong: consumer warpgroup i waits on SCHEDULER_WG0 + i before issuing its GEMMs
+    # and signals the next warpgroup's barrier once they are issued.
+    SCHEDULER_WG0 = 2
+
+
+@cute.jit
+def gemm(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    operand_a: cute.Tensor,
+    operand_b: cute.Tensor,
+    zero_init: cutlass.Constexpr[bool],
+    wait_groups: cutlass.Constexpr[int],
+):
+    """acc (+)= A B over the k mode of the operands, as one WGMMA commit group.
+
+    ``wait_groups`` >= 0 waits until at most that many commit groups are still in flight;
+    -1 returns at once (the caller waits later, before touching acc).
+    """
+    warpgroup.fence()
+    mma_atom = cute.make_mma_atom(tiled_mma.op)
+    mma_atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(operand_a.shape[2])):
+        cute.gemm(mma_atom, acc, operand_a[None, None, k], operand_b[None, None, k], acc)
+        mma_atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    if cutlass.const_expr(wait_groups >= 0):
+        warpgroup.wait_group(wait_groups)
