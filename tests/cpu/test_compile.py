@@ -1,6 +1,6 @@
 """Compile checks (no GPU): forward kernels of every family compiled with fake tensors for sm_80,
 sm_90a and sm_120a, through the family registry and the planner's choices (so the 99 KB tilings
-of sm_120a are compiled too).
+of sm_120a are compiled too), for each of the family's representative problems.
 
 Marker ``compile``: a covering sample (each head dim of each family once per arch, both dtypes
 and both causal modes on every arch), run by default. Marker ``compile_full``: every (family,
@@ -11,7 +11,7 @@ arch, head dim, causal, dtype); deselected by default, run with ``pytest -m comp
 import pytest
 
 from cuteattn.arch import arch_from_name
-from cuteattn.plan import Problem, families, plan_forward
+from cuteattn.plan import families, get_family, plan_forward
 from cuteattn.runtime.compile import compile_forward
 
 TARGETS = ("sm_80", "sm_90a", "sm_120a")
@@ -45,16 +45,25 @@ def case_id(case):
     return f"{family}-{arch}-d{head_dim}-{'causal' if causal else 'full'}-{dtype}"
 
 
+def planned(family, arch, head_dim, causal, dtype) -> list:
+    """The distinct plans the planner picks with ``family`` forced on ``arch``, over the family's
+    representative problems (a choice may depend on sizes, e.g. persistence on short queries)."""
+    caps = arch_from_name(arch)
+    plans = []
+    for problem in get_family(family).representative_problems(
+        dtype=dtype, head_dim=head_dim, causal=causal, arch=caps
+    ):
+        plan = plan_forward(problem, family=family)
+        if plan not in plans:
+            plans.append(plan)
+    return plans
+
+
 def compile_case(family, arch, head_dim, causal, dtype):
-    plan = plan_forward(
-        Problem(
-            batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
-            head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
-        ),
-        family=family,
-    )
-    assert (plan.family, plan.arch) == (family, arch_from_name(arch).name)
-    assert compile_forward(plan) is not None
+    plans = planned(family, arch, head_dim, causal, dtype)
+    assert plans and all((p.family, p.arch) == (family, arch_from_name(arch).name) for p in plans)
+    for plan in plans:
+        assert compile_forward(plan) is not None, plan
 
 
 def test_sample_covers_every_head_dim_dtype_and_mode_per_arch():
