@@ -53,7 +53,7 @@ def test_family_is_forced(launches):
 
 def test_explicit_plan_runs_as_given(launches):
     q, k, v = qkv(dim=128)
-    api.forward(q, k, v, causal=True)
+    api.forward(q, k, v, causal=True, family="sm80")
     planned = launches[-1]
     other = dataclasses.replace(planned, tile_m=64, tile_n=64, num_threads=128)
     api.forward(q, k, v, causal=True, plan=other)
@@ -62,7 +62,7 @@ def test_explicit_plan_runs_as_given(launches):
 
 def test_explicit_plan_must_match_the_inputs(launches):
     q, k, v = qkv(dim=128)
-    api.forward(q, k, v)
+    api.forward(q, k, v, family="sm80")
     plan = launches[-1]
     with pytest.raises(ValueError, match=r"plan does not match the inputs: causal False"):
         api.forward(q, k, v, causal=True, plan=plan)

@@ -33,6 +33,16 @@ def problem(head_dim=128, causal=False, arch="sm_90a", **overrides):
     return Problem(**fields)
 
 
+def sm90_plan(*, persistent=False, pingpong=True, **fields):
+    base = dict(
+        family="sm90", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
+        tile_n=128, num_threads=384, num_stages=2,
+        options=(("persistent", persistent), ("pingpong", pingpong)),
+    )
+    base.update(fields)
+    return KernelPlan(**base)
+
+
 def sm80_plan(**fields):
     base = dict(
         family="sm80", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
@@ -74,10 +84,24 @@ def test_default_plan_comes_from_the_first_family_that_runs(arch, head_dim):
     assert get_family(plan.family).can_implement(plan, caps)
 
 
-def test_plan_ignores_runtime_sizes():
-    """Sizes are runtime values: one compiled kernel serves every batch and sequence length."""
-    small = plan_forward(problem(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1))
-    large = plan_forward(problem(batch=64, seqlen_q=16384, seqlen_k=4097))
+@pytest.mark.parametrize("family", family_names())
+def test_plan_ignores_runtime_sizes(family):
+    """Sizes are runtime values: one compiled kernel serves every batch, head count and key
+    length. The query length may only pick a variant (sm90: persistent for short queries)."""
+    for seqlen_q in (1, 1000, 16384):
+        small = plan_forward(
+            problem(batch=1, seqlen_q=seqlen_q, seqlen_k=1, heads_q=1, heads_kv=1), family=family
+        )
+        large = plan_forward(
+            problem(batch=64, seqlen_q=seqlen_q, seqlen_k=4097, heads_q=32, heads_kv=4),
+            family=family,
+        )
+        assert small == large
+
+
+def test_sm80_plan_ignores_every_size():
+    small = plan_forward(problem(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1), "sm80")
+    large = plan_forward(problem(batch=64, seqlen_q=16384, seqlen_k=4097), "sm80")
     assert small == large
 
 
@@ -215,46 +239,51 @@ def test_every_plan_covers_each_arch_choice_once(head_dim, causal):
 
 
 # Golden compile keys: a change of plan must show up here as a reviewed diff. Keys are
-# (arch, head_dim, causal, dtype, forced family or None for the planner's own choice).
+# (arch, head_dim, causal, dtype, forced family or None for the planner's own choice, seqlen of
+# q and k: the sm90 family makes short queries persistent).
 GOLDEN = {
-    ("sm_80", 64, False, "bf16", None): sm80_plan(arch="sm_80", head_dim=64, tile_n=128),
-    ("sm_80", 192, True, "fp16", None): sm80_plan(
+    ("sm_80", 64, False, "bf16", None, 1000): sm80_plan(arch="sm_80", head_dim=64, tile_n=128),
+    ("sm_80", 192, True, "fp16", None, 1000): sm80_plan(
         arch="sm_80", dtype="fp16", head_dim=192, causal=True, num_threads=256
     ),
-    ("sm_86", 64, False, "bf16", None): sm80_plan(arch="sm_86", head_dim=64, tile_n=128),
-    ("sm_86", 192, False, "bf16", None): sm80_plan(arch="sm_86", head_dim=192, num_threads=256),
-    ("sm_86", 256, True, "fp16", None): sm80_plan(
+    ("sm_86", 64, False, "bf16", None, 1000): sm80_plan(arch="sm_86", head_dim=64, tile_n=128),
+    ("sm_86", 192, False, "bf16", None, 1000): sm80_plan(arch="sm_86", head_dim=192, num_threads=256),
+    ("sm_86", 256, True, "fp16", None, 1000): sm80_plan(
         arch="sm_86", dtype="fp16", head_dim=256, causal=True, tile_m=64
     ),
-    # The planner's own choice on Hopper (the sm80 family until the sm90 family registers).
-    ("sm_90a", 128, False, "bf16", None): sm80_plan(),
-    ("sm_90a", 256, True, "fp16", None): sm80_plan(
+    # The planner's own choice on Hopper: the sm90 family.
+    ("sm_90a", 128, False, "bf16", None, 1000): sm90_plan(persistent=True),
+    ("sm_90a", 64, True, "bf16", None, 16384): sm90_plan(head_dim=64, causal=True),
+    ("sm_90a", 192, False, "bf16", None, 1000): sm90_plan(
+        head_dim=192, tile_n=112, pingpong=False
+    ),
+    ("sm_90a", 256, True, "fp16", None, 1000): sm90_plan(
+        dtype="fp16", head_dim=256, causal=True, tile_n=64, pingpong=False
+    ),
+    ("sm_90a", 64, False, "bf16", "sm80", 1000): sm80_plan(head_dim=64, tile_n=128),
+    ("sm_90a", 64, True, "bf16", "sm80", 1000): sm80_plan(head_dim=64, causal=True),
+    ("sm_90a", 96, False, "fp16", "sm80", 1000): sm80_plan(dtype="fp16", head_dim=96),
+    ("sm_90a", 128, False, "bf16", "sm80", 1000): sm80_plan(),
+    ("sm_90a", 128, True, "bf16", "sm80", 1000): sm80_plan(causal=True),
+    ("sm_90a", 192, False, "bf16", "sm80", 1000): sm80_plan(head_dim=192, num_threads=256),
+    ("sm_90a", 256, False, "bf16", "sm80", 1000): sm80_plan(head_dim=256, tile_m=64),
+    ("sm_90a", 256, True, "fp16", "sm80", 1000): sm80_plan(
         dtype="fp16", head_dim=256, causal=True, tile_m=64
     ),
-    ("sm_90a", 64, False, "bf16", "sm80"): sm80_plan(head_dim=64, tile_n=128),
-    ("sm_90a", 64, True, "bf16", "sm80"): sm80_plan(head_dim=64, causal=True),
-    ("sm_90a", 96, False, "fp16", "sm80"): sm80_plan(dtype="fp16", head_dim=96),
-    ("sm_90a", 128, False, "bf16", "sm80"): sm80_plan(),
-    ("sm_90a", 128, True, "bf16", "sm80"): sm80_plan(causal=True),
-    ("sm_90a", 192, False, "bf16", "sm80"): sm80_plan(head_dim=192, num_threads=256),
-    ("sm_90a", 256, False, "bf16", "sm80"): sm80_plan(head_dim=256, tile_m=64),
-    ("sm_90a", 256, True, "fp16", "sm80"): sm80_plan(
-        dtype="fp16", head_dim=256, causal=True, tile_m=64
-    ),
-    ("sm_120a", 64, False, "bf16", None): sm80_plan(arch="sm_120a", head_dim=64, tile_n=128),
-    ("sm_120a", 128, True, "bf16", None): sm80_plan(arch="sm_120a", causal=True),
-    ("sm_120a", 192, True, "fp16", None): sm80_plan(
+    ("sm_120a", 64, False, "bf16", None, 1000): sm80_plan(arch="sm_120a", head_dim=64, tile_n=128),
+    ("sm_120a", 128, True, "bf16", None, 1000): sm80_plan(arch="sm_120a", causal=True),
+    ("sm_120a", 192, True, "fp16", None, 1000): sm80_plan(
         arch="sm_120a", dtype="fp16", head_dim=192, causal=True, num_threads=256
     ),
-    ("sm_120a", 256, False, "bf16", None): sm80_plan(arch="sm_120a", head_dim=256, tile_m=64),
+    ("sm_120a", 256, False, "bf16", None, 1000): sm80_plan(arch="sm_120a", head_dim=256, tile_m=64),
 }
 
 
 @pytest.mark.parametrize("key", sorted(GOLDEN, key=str), ids=str)
 def test_golden_plans(key):
-    arch, head_dim, causal, dtype, family = key
-    plan = plan_forward(problem(head_dim, causal, arch, dtype=dtype), family=family)
-    assert plan == GOLDEN[key]
+    arch, head_dim, causal, dtype, family, seqlen = key
+    prob = problem(head_dim, causal, arch, dtype=dtype, seqlen_q=seqlen, seqlen_k=seqlen)
+    assert plan_forward(prob, family=family) == GOLDEN[key]
 
 
 def test_can_implement_requires_whole_copy_passes():
