@@ -20,6 +20,8 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cuteattn.kernels.common.fragments import acc_as_rows_cols
 
@@ -42,6 +44,23 @@ def quad_allreduce_sum(value: Float32) -> Float32:
 
 
 ILP_CHAINS = 4
+
+
+@dsl_user_op
+def _rounded(op: str, a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """a op b rounded to nearest, as its own instruction: ptxas never contracts an explicitly
+    rounded mul / add into an FMA, which would void the Kahan error term."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+            f"{op}.rn.f32 $0, $1, $2;",
+            "=f,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
 
 
 def row_reduce(values: cute.Tensor, combine, init: Float32) -> Float32:
@@ -104,10 +123,12 @@ class OnlineSoftmax:
                 scale = cute.math.exp2(prev_max * self.scale_log2 - max_scaled, fastmath=True)
                 row_scale[r] = scale
                 # Kahan step on the rescaled sum: the addend carries the error lost last time.
-                prev_sum = self.row_sum[r] * scale
-                addend = tile_sum - self.row_sum_error[r] * scale
-                new_sum = prev_sum + addend
-                self.row_sum_error[r] = (new_sum - prev_sum) - addend
+                # Explicit rounding: an FMA would fold the rounding of prev_sum into new_sum
+                # and the error term would no longer measure what the addition lost.
+                prev_sum = _rounded("mul", self.row_sum[r], scale)
+                addend = _rounded("sub", tile_sum, _rounded("mul", self.row_sum_error[r], scale))
+                new_sum = _rounded("add", prev_sum, addend)
+                self.row_sum_error[r] = _rounded("sub", _rounded("sub", new_sum, prev_sum), addend)
                 self.row_sum[r] = new_sum
             self.row_max[r] = new_max
         return row_scale
