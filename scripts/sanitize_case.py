@@ -1,20 +1,39 @@
-"""A few small forward launches for compute-sanitizer (memcheck / racecheck) runs on the GPU.
+"""Small forward launches for compute-sanitizer (memcheck / racecheck) runs on the GPU.
 
-    compute-sanitizer --tool racecheck python scripts/sanitize_case.py
+    compute-sanitizer --tool racecheck python scripts/sanitize_case.py [--family sm90]
+
+Runs seqlen 1000, dim 128, causal and not, through the planner's plan for the family and,
+for sm90, its single-tile and persistent variants both.
 """
+
+import argparse
+import dataclasses
 
 import torch
 
-import cuteattn
+from cuteattn import api
+from cuteattn.arch import arch_from_name
+from cuteattn.plan import Problem, plan_forward
 
-for head_dim, causal, (seqlen_q, seqlen_k) in (
-    (64, True, (203, 113)),
-    (128, False, (113, 203)),
-    (256, True, (239, 1)),
-):
-    q = torch.randn(2, seqlen_q, 4, head_dim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(2, seqlen_k, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+parser = argparse.ArgumentParser()
+parser.add_argument("--family", default=None, help="force a kernel family (default: planner)")
+args = parser.parse_args()
+
+arch = arch_from_name("sm_%d%d" % torch.cuda.get_device_capability())
+for causal in (False, True):
+    q = torch.randn(1, 1000, 2, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 1000, 2, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    out = cuteattn.flash_attn_func(q, k, v, causal=causal)
-    torch.cuda.synchronize()
-    print(head_dim, causal, seqlen_q, seqlen_k, "finite:", bool(torch.isfinite(out).all()))
+    problem = Problem(
+        batch=1, seqlen_q=1000, seqlen_k=1000, heads_q=2, heads_kv=2, head_dim=128,
+        head_dim_v=128, dtype="bf16", causal=causal, arch=arch,
+    )
+    plan = plan_forward(problem, family=args.family)
+    plans = [plan]
+    if plan.option("persistent") is not None:
+        flipped = dict(plan.options) | {"persistent": not plan.option("persistent")}
+        plans.append(dataclasses.replace(plan, options=tuple(sorted(flipped.items()))))
+    for each in plans:
+        out, _ = api.forward(q, k, v, causal=causal, plan=each)
+        torch.cuda.synchronize()
+        print(causal, dict(each.options), "finite:", bool(torch.isfinite(out).all()), flush=True)

@@ -5,10 +5,13 @@ its partial sum of exponentials. Scores are exponentiated as ``exp2(s * scale_lo
 scale_log2)``, one FFMA and one MUFU.EX2 per element. Row maxima are reduced across the four
 threads of a quad at every tile; row sums only once, in ``finalize``.
 
-The running sum adds one tile's sum per key tile, hundreds of thousands of times at long
-context; a plain fp32 sum then drifts (lse off by 1.5e-2 at 16M keys). It is Kahan-compensated:
-a per-row term keeps the low-order part each addition loses, is rescaled with the sum when the
-maximum moves, and is folded back in ``finalize`` (four FP operations per row per tile).
+Long context: O and the row sum are rescaled by exp2((max_prev - max_new) * scale_log2), the
+difference taken first, so a tile that does not move the maximum rescales by exactly 1. (The
+form max_prev * c - max_new * c was contracted by ptxas into an FMA that returns the rounding
+error of max_new * c: every tile then scaled by the same 1 + 1e-8, and the lse drifted by 1e-2
+over 2^24 keys while O, scaled alike, stayed right.) A plain fp32 running sum is then accurate:
+the lse is within 1.2e-5 of the fp64 value at 2^24 keys in both families (docs/PERF.md); a
+Kahan-compensated sum gained 1e-5 there and cost 1-3% of throughput, so it is not used.
 
 A row that has seen only masked (-inf) scores keeps max -inf and sum 0: its exponentials use 0
 as the subtracted max (so -inf - 0 stays -inf -> 0, never NaN), and ``finalize`` turns it into
@@ -20,8 +23,6 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cuteattn.kernels.common.fragments import acc_as_rows_cols
 
@@ -44,23 +45,6 @@ def quad_allreduce_sum(value: Float32) -> Float32:
 
 
 ILP_CHAINS = 4
-
-
-@dsl_user_op
-def _rounded(op: str, a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """a op b rounded to nearest, as its own instruction: ptxas never contracts an explicitly
-    rounded mul / add into an FMA, which would void the Kahan error term."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-            f"{op}.rn.f32 $0, $1, $2;",
-            "=f,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
 
 
 def row_reduce(values: cute.Tensor, combine, init: Float32) -> Float32:
@@ -95,11 +79,8 @@ class OnlineSoftmax:
         self.num_rows = num_rows
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
-        # Kahan compensation: minus the low-order part of row_sum lost so far.
-        self.row_sum_error = cute.make_rmem_tensor(num_rows, Float32)
         self.row_max.fill(-Float32.inf)
         self.row_sum.fill(0.0)
-        self.row_sum_error.fill(0.0)
 
     @cute.jit
     def step(self, acc_S: cute.Tensor, *, is_first: cutlass.Constexpr[bool]) -> cute.Tensor:
@@ -120,16 +101,10 @@ class OnlineSoftmax:
                 row_scale[r] = Float32(1.0)
                 self.row_sum[r] = tile_sum
             else:
-                scale = cute.math.exp2(prev_max * self.scale_log2 - max_scaled, fastmath=True)
+                # The difference first: equal maxima rescale by exactly 1 (module docstring).
+                scale = cute.math.exp2((prev_max - safe_max) * self.scale_log2, fastmath=True)
                 row_scale[r] = scale
-                # Kahan step on the rescaled sum: the addend carries the error lost last time.
-                # Explicit rounding: an FMA would fold the rounding of prev_sum into new_sum
-                # and the error term would no longer measure what the addition lost.
-                prev_sum = _rounded("mul", self.row_sum[r], scale)
-                addend = _rounded("sub", tile_sum, _rounded("mul", self.row_sum_error[r], scale))
-                new_sum = _rounded("add", prev_sum, addend)
-                self.row_sum_error[r] = _rounded("sub", _rounded("sub", new_sum, prev_sum), addend)
-                self.row_sum[r] = new_sum
+                self.row_sum[r] = self.row_sum[r] * scale + tile_sum
             self.row_max[r] = new_max
         return row_scale
 
@@ -138,7 +113,7 @@ class OnlineSoftmax:
         """Return 1 / row_sum per row (0 for rows with no visible key) and fill lse (natural log)."""
         row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in cutlass.range_constexpr(self.num_rows):
-            total = quad_allreduce_sum(self.row_sum[r] - self.row_sum_error[r])
+            total = quad_allreduce_sum(self.row_sum[r])
             is_empty = total == Float32(0.0)
             row_scale[r] = Float32(0.0) if is_empty else cute.arch.rcp_approx(total)
             lse[r] = (
