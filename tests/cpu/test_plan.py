@@ -253,7 +253,8 @@ GOLDEN = {
     ),
     # The planner's own choice on Hopper: the sm90 family.
     ("sm_90a", 128, False, "bf16", None, 1000): sm90_plan(persistent=True),
-    ("sm_90a", 64, True, "bf16", None, 16384): sm90_plan(head_dim=64, causal=True),
+    ("sm_90a", 64, True, "bf16", None, 16384): sm90_plan(head_dim=64, causal=True, persistent=True),
+    ("sm_90a", 128, True, "bf16", None, 16384): sm90_plan(causal=True),
     ("sm_90a", 192, False, "bf16", None, 1000): sm90_plan(
         head_dim=192, tile_n=112, pingpong=False
     ),

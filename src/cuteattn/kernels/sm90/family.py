@@ -15,21 +15,27 @@ from cuteattn.plan import DTYPES, KernelPlan, Problem
 
 # Query lengths up to this are short: per-tile prologue and epilogue are a large share of a
 # tile's time, and a persistent kernel hides them behind the next tile (docs/PERF.md).
-PERSISTENT_MAX_SEQLEN_Q = 2048
+SHORT_SEQLEN_Q = 2048
+ALWAYS = 2**62  # persistent at every length
 
-# Tiles per head dim, in order of preference: (tile_m, tile_n, num_stages). Measured on the
-# H200 (docs/PERF.md, scripts/tune_sm90.py). tile_m is 64 rows per consumer warpgroup.
+# Tiles per (head dim, causal), in order of preference: (tile_m, tile_n, num_stages, persistent
+# up to this seqlen_q). Measured on the H200 (docs/PERF.md, scripts/tune_sm90.py); tile_m is 64
+# rows per consumer warpgroup. Persistent kernels need an O buffer of their own, which d192 and
+# d256 tiles leave no room for.
 SM90_TILES = {
-    (64, False): ((192, 128, 2), (128, 128, 2)),
-    (64, True): ((128, 128, 2),),
-    (96, False): ((128, 128, 2),),
-    (96, True): ((128, 128, 2),),
-    (128, False): ((128, 128, 2),),
-    (128, True): ((128, 128, 2),),
-    (192, False): ((128, 112, 2), (128, 96, 2)),
-    (192, True): ((128, 112, 2), (128, 96, 2)),
-    (256, False): ((128, 80, 2), (128, 64, 2)),
-    (256, True): ((128, 64, 2), (128, 80, 2)),
+    (64, False): ((192, 128, 2, SHORT_SEQLEN_Q), (128, 128, 2, SHORT_SEQLEN_Q)),
+    # 128x128 persistent beat 192x128 at every causal length measured (1k: 251 vs 154-168,
+    # 16k: 465 vs 446 TFLOP/s).
+    (64, True): ((128, 128, 2, ALWAYS),),
+    (96, False): ((128, 128, 2, SHORT_SEQLEN_Q),),
+    (96, True): ((128, 128, 2, SHORT_SEQLEN_Q),),
+    (128, False): ((128, 128, 2, SHORT_SEQLEN_Q),),
+    (128, True): ((128, 128, 2, SHORT_SEQLEN_Q),),
+    (192, False): ((128, 112, 2, 0), (128, 96, 2, 0)),
+    (192, True): ((128, 112, 2, 0), (128, 96, 2, 0)),
+    # 128x80 is best dense at 16k (710 vs 698); causal short prefers 128x64 (471 vs 432).
+    (256, False): ((128, 80, 2, 0), (128, 64, 2, 0)),
+    (256, True): ((128, 64, 2, 0), (128, 80, 2, 0)),
 }
 
 
@@ -74,12 +80,13 @@ class Sm90Family(KernelFamily):
         )
 
     def candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
-        short = problem.seqlen_q <= PERSISTENT_MAX_SEQLEN_Q
         plans = []
-        for tile_m, tile_n, num_stages in SM90_TILES.get((problem.head_dim, problem.causal), ()):
+        tiles = SM90_TILES.get((problem.head_dim, problem.causal), ())
+        for tile_m, tile_n, num_stages, persistent_up_to in tiles:
             # Persistent first where it pays; single-tile as the fallback when its separate O
             # buffer does not fit.
-            for persistent in ((True, False) if short else (False,)):
+            persistent_first = problem.seqlen_q <= persistent_up_to
+            for persistent in ((True, False) if persistent_first else (False,)):
                 plans.append(
                     self.plan(
                         problem.arch, dtype=problem.dtype, head_dim=problem.head_dim,
