@@ -1,4 +1,5 @@
-"""CPU tests of the benchmark's pure parts: grid, FLOPs, summary, table, CSV and CLI errors."""
+"""CPU tests of the benchmark's pure parts: grid (GQA, extra rows), FLOPs, ratios against the
+best peer and sdpa-flash, summaries, table, CSV and CLI errors."""
 
 import csv
 import math
@@ -20,13 +21,23 @@ from cuteattn.bench.backends import (
 )
 from cuteattn.plan import family_names
 from cuteattn.bench.runner import (
-    RATIO_COLUMN,
+    BEST_PEER_COLUMN,
+    PEER_NAME_COLUMN,
+    SDPA_FLASH_COLUMN,
+    ExtraShape,
+    RowRatio,
     Shape,
     ShapeResult,
     attention_flops,
+    best_peer_ratio,
+    build_grid,
+    format_summaries,
     format_summary,
     format_table,
+    parse_extra_shape,
+    ratio_columns,
     rotated,
+    sdpa_flash_ratio,
     summarize_ratio,
     tflops,
     write_csv,
@@ -52,6 +63,8 @@ def test_default_args():
     assert args.backends == list(DEFAULT_BACKENDS)
     assert (args.dtype, args.tokens, args.hidden, args.rounds, args.iters) == ("bf16", 32768, 2048, 5, 10)
     assert args.csv is None
+    assert (args.heads_kv, args.extra_shape) == (None, [])
+    assert all(s.heads_kv == s.heads for s in grid())
 
 
 def test_custom_dims_and_seqlens():
@@ -70,6 +83,100 @@ def test_batch_and_heads_follow_tokens_and_hidden():
 def test_batch_and_heads_are_at_least_one():
     (shape,) = grid("--dims", "128", "--seqlens", "8192", "--causal", "false", "--tokens", "100", "--hidden", "64")
     assert (shape.batch, shape.heads) == (1, 1)
+
+
+def test_heads_kv_applies_to_every_grid_row():
+    shapes = grid("--heads-kv", "4")
+    assert len(shapes) == 18
+    assert {(s.heads, s.heads_kv) for s in shapes} == {(32, 4), (16, 4), (8, 4)}
+    assert {s.heads_kv for s in grid("--heads-kv", "1", "--dims", "128")} == {1}  # MQA
+
+
+def test_heads_kv_must_divide_heads(capsys):
+    with pytest.raises(ValueError, match="heads_kv 3 must divide heads 32"):
+        grid("--heads-kv", "3")
+    with pytest.raises(ValueError, match="heads_kv 16 must divide heads 8"):
+        grid("--heads-kv", "16")  # d256 has 8 heads at hidden 2048
+    # The CLI says so (exit 2) before looking for a GPU.
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--heads-kv", "3"])
+    assert excinfo.value.code == 2
+    assert "heads_kv 3 must divide heads 32" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--heads-kv", "0"])
+
+
+def test_shape_heads_kv_defaults_to_heads_and_is_checked():
+    mha = Shape(dim=128, seqlen=1024, causal=False, batch=1, heads=16)
+    assert mha.heads_kv == 16
+    assert mha.label() == "dim=128 seqlen=1024 causal=False heads=16"
+    gqa = Shape(dim=128, seqlen=8192, causal=True, batch=4, heads=32, heads_kv=4)
+    assert gqa.label() == "dim=128 seqlen=8192 causal=True heads=32 heads_kv=4"
+    for bad in (5, 0, 64):
+        with pytest.raises(ValueError):
+            Shape(dim=128, seqlen=1024, causal=False, batch=1, heads=32, heads_kv=bad)
+
+
+def test_parse_extra_shape():
+    assert parse_extra_shape("dim=128,seqlen=8192,heads=32,heads_kv=4,causal=both") == ExtraShape(
+        dim=128, seqlen=8192, causal=(False, True), heads=32, heads_kv=4
+    )
+    assert parse_extra_shape(" seqlen=512 , dim=64, causal=TRUE, batch=3 ,") == ExtraShape(
+        dim=64, seqlen=512, causal=(True,), batch=3
+    )
+    assert parse_extra_shape("dim=64,seqlen=512") == ExtraShape(dim=64, seqlen=512)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("seqlen=512", "lacks dim"),
+        ("heads=4", "lacks dim and seqlen"),
+        ("dim=64,seqlen=512,window=3", "bad item 'window=3'"),
+        ("dim=64,seqlen", "bad item 'seqlen'"),
+        ("dim=64,seqlen=512,causal=maybe", "causal must be one of both, true, false"),
+        ("dim=64,seqlen=512,heads=0", "heads must be a positive integer"),
+        ("dim=64,seqlen=x", "seqlen must be a positive integer"),
+        ("dim=64,seqlen=512,dim=128", "dim given twice"),
+    ],
+)
+def test_parse_extra_shape_rejects(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_extra_shape(text)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--extra-shape", text])
+
+
+def test_acceptance_table_in_one_invocation():
+    # Default grid plus the GQA 32/4 d128 row at seqlen 8192, causal and not.
+    shapes = grid("--extra-shape", "dim=128,seqlen=8192,heads=32,heads_kv=4,causal=both")
+    assert len(shapes) == 18 + 2
+    assert all(s.heads_kv == s.heads for s in shapes[:18])
+    assert shapes[18:] == [
+        Shape(dim=128, seqlen=8192, causal=False, batch=4, heads=32, heads_kv=4),
+        Shape(dim=128, seqlen=8192, causal=True, batch=4, heads=32, heads_kv=4),
+    ]
+
+
+def test_extra_shape_takes_grid_values_for_missing_keys():
+    shapes = grid(
+        "--dims", "64", "--seqlens", "1024", "--causal", "true", "--heads-kv", "2", "--tokens", "8192",
+        "--extra-shape", "dim=256,seqlen=2048",
+        "--extra-shape", "dim=128,seqlen=4096,heads_kv=16,batch=1,causal=false",
+    )
+    assert shapes == [
+        Shape(dim=64, seqlen=1024, causal=True, batch=8, heads=32, heads_kv=2),
+        Shape(dim=256, seqlen=2048, causal=True, batch=4, heads=8, heads_kv=2),
+        Shape(dim=128, seqlen=4096, causal=False, batch=1, heads=16, heads_kv=16),
+    ]
+
+
+def test_extra_shape_repeating_a_grid_row_is_kept_once():
+    shapes = grid("--dims", "64", "--seqlens", "1024", "--extra-shape", "dim=64,seqlen=1024,causal=true")
+    assert [(s.dim, s.seqlen, s.causal) for s in shapes] == [(64, 1024, False), (64, 1024, True)]
+    # Extra rows are checked like grid rows.
+    with pytest.raises(ValueError, match="heads_kv 3 must divide heads 16"):
+        build_grid([], [], (False,), 32768, 2048, extra=[ExtraShape(dim=128, seqlen=1024, heads_kv=3)])
 
 
 @pytest.mark.parametrize("bad", [["--dims", "0"], ["--seqlens", "a,b"], ["--rounds", "0"], ["--dtype", "fp8"]])
@@ -94,47 +201,130 @@ def test_rotation_gives_every_backend_each_slot():
     assert rotated([], 1) == []
 
 
-def result(dim, seqlen, causal, **ms):
-    shape = Shape(dim=dim, seqlen=seqlen, causal=causal, batch=1, heads=1)
+def result(dim, seqlen, causal, heads=1, heads_kv=None, **ms):
+    shape = Shape(dim=dim, seqlen=seqlen, causal=causal, batch=1, heads=heads, heads_kv=heads_kv)
     return ShapeResult(shape, {name.replace("_", "-"): value for name, value in ms.items()})
 
 
-def test_geomean_and_minimum_of_ratio():
-    results = [
-        result(64, 1024, False, cuteattn=1.0, sdpa_flash=2.0),  # ratio 2
-        result(128, 1024, True, cuteattn=2.0, sdpa_flash=1.0),  # ratio 0.5
-        result(256, 1024, False, cuteattn=1.0, sdpa_flash=4.0),  # ratio 4
-        result(256, 4096, False, sdpa_flash=1.0),  # cuteattn missing: not counted
+def test_best_peer_is_the_faster_peer_measured_on_the_row():
+    # Ratios are cuteattn TFLOP/s over the peer's: peer time / cuteattn time.
+    assert best_peer_ratio(result(64, 1024, False, cuteattn=1.0, fa4=2.0, sdpa_cudnn=1.5)) == RowRatio(1.5, "sdpa-cudnn")
+    assert best_peer_ratio(result(64, 1024, False, cuteattn=2.0, fa4=1.0, sdpa_cudnn=1.5)) == RowRatio(0.5, "fa4")
+    assert best_peer_ratio(result(64, 1024, False, cuteattn=1.0, fa4=3.0)) == RowRatio(3.0, "fa4")
+    # sdpa-flash is not a peer for best-peer; it has its own ratio.
+    flash_only = result(64, 1024, False, cuteattn=1.0, sdpa_flash=0.5)
+    assert best_peer_ratio(flash_only) is None
+    assert sdpa_flash_ratio(flash_only) == RowRatio(0.5, "sdpa-flash")
+    assert best_peer_ratio(result(64, 1024, False, fa4=1.0, sdpa_cudnn=1.0)) is None  # no cuteattn
+    assert sdpa_flash_ratio(result(64, 1024, False, cuteattn=1.0, fa4=1.0)) is None
+
+
+def test_ratio_columns_follow_the_backends_that_ran():
+    assert [c for c, _ in ratio_columns(["cuteattn", "sdpa-flash", "sdpa-cudnn", "fa4"])] == [
+        BEST_PEER_COLUMN, SDPA_FLASH_COLUMN,
     ]
-    summary = summarize_ratio(results)
-    assert summary.rows == 3
-    assert summary.geomean == pytest.approx(math.exp((math.log(2) + math.log(0.5) + math.log(4)) / 3))
-    assert summary.minimum == pytest.approx(0.5)
-    assert (summary.min_shape.dim, summary.min_shape.causal) == (128, True)
-    line = format_summary(summary)
-    assert "geomean 1.59x" in line and "min 0.50x" in line and "dim=128" in line
-    assert summarize_ratio([results[-1]]) is None
-    assert "n/a" in format_summary(None)
+    assert [c for c, _ in ratio_columns(["cuteattn", "sdpa-cudnn"])] == [BEST_PEER_COLUMN]
+    assert [c for c, _ in ratio_columns(["sdpa-flash", "cuteattn"])] == [SDPA_FLASH_COLUMN]
+    assert ratio_columns(["fa4", "sdpa-flash", "cuteattn-sm80"]) == []
 
 
-def test_table_has_one_row_per_shape_and_ratio_column():
-    results = [result(64, 1024, False, cuteattn=1.0, sdpa_flash=2.0), result(64, 1024, True, sdpa_flash=1.0)]
-    lines = format_table(results, ["cuteattn", "sdpa-flash"]).splitlines()
+def summary_results():
+    return [
+        result(64, 1024, False, cuteattn=1.0, fa4=2.0, sdpa_cudnn=3.0, sdpa_flash=2.0),  # 2 (fa4)
+        result(64, 4096, False, cuteattn=1.0, fa4=9.0, sdpa_cudnn=8.0, sdpa_flash=0.5),  # 8 (sdpa-cudnn)
+        result(128, 1024, True, cuteattn=2.0, fa4=1.0, sdpa_flash=1.0),  # 0.5 (fa4)
+        result(128, 8192, True, heads=32, heads_kv=4, cuteattn=1.0, fa4=0.25, sdpa_flash=4.0),  # 0.25
+        result(256, 1024, False, cuteattn=1.0, sdpa_flash=4.0),  # no peer: no best-peer ratio
+        result(256, 4096, False, fa4=1.0, sdpa_flash=1.0),  # no cuteattn: no ratio at all
+    ]
+
+
+def test_best_peer_summary_overall_groups_and_minimum():
+    summary = summarize_ratio(summary_results())
+    assert summary.rows == 4
+    assert summary.geomean == pytest.approx((2 * 8 * 0.5 * 0.25) ** 0.25)
+    assert (summary.minimum, summary.min_peer) == (pytest.approx(0.25), "fa4")
+    assert (summary.min_shape.dim, summary.min_shape.seqlen, summary.min_shape.heads_kv) == (128, 8192, 4)
+    assert [(g.dim, g.causal, g.rows) for g in summary.groups] == [(64, False, 2), (128, True, 2)]
+    assert [g.geomean for g in summary.groups] == [pytest.approx(4.0), pytest.approx(math.sqrt(0.125))]
+    lines = format_summary(summary, BEST_PEER_COLUMN).splitlines()
+    assert lines == [
+        f"{BEST_PEER_COLUMN} overall: geomean 1.19x over 4 rows; "
+        "min 0.25x at dim=128 seqlen=8192 causal=True heads=32 heads_kv=4 (vs fa4)",
+        "  dim=64 causal=False: geomean 4.00x over 2 rows",
+        "  dim=128 causal=True: geomean 0.35x over 2 rows",
+    ]
+
+
+def test_sdpa_flash_summary():
+    summary = summarize_ratio(summary_results(), sdpa_flash_ratio)
+    assert summary.rows == 5
+    assert summary.geomean == pytest.approx(math.exp((math.log(2) + math.log(0.5) * 2 + math.log(4) * 2) / 5))
+    assert (summary.minimum, summary.min_shape.seqlen) == (pytest.approx(0.5), 4096)  # first of the ties
+    line = format_summary(summary, SDPA_FLASH_COLUMN).splitlines()[0]
+    assert line == f"{SDPA_FLASH_COLUMN} overall: geomean 1.52x over 5 rows; min 0.50x at dim=64 seqlen=4096 causal=False heads=1"
+    assert [(g.dim, g.causal, g.rows) for g in summary.groups] == [(64, False, 2), (128, True, 2), (256, False, 1)]
+
+
+def test_summary_is_na_without_a_measured_pair():
+    assert summarize_ratio([result(64, 1024, False, cuteattn=1.0, sdpa_flash=1.0)]) is None
+    assert format_summary(None, BEST_PEER_COLUMN) == f"{BEST_PEER_COLUMN}: n/a (no row was measured by both sides)"
+
+
+def test_summaries_follow_the_backends_that_ran():
+    results = summary_results()
+    text = format_summaries(results, ["cuteattn", "sdpa-flash", "sdpa-cudnn", "fa4"])
+    headers = [line for line in text.splitlines() if not line.startswith("  ")]
+    assert headers[0].startswith("# ratio = cuteattn TFLOP/s / the other's TFLOP/s")
+    assert "best-peer = the faster of fa4, sdpa-cudnn per row" in headers[0]
+    assert headers[1].startswith(f"{BEST_PEER_COLUMN} overall: geomean 1.19x")
+    assert headers[2].startswith(f"{SDPA_FLASH_COLUMN} overall: geomean 1.52x")
+    only_flash = format_summaries(results, ["cuteattn", "sdpa-flash"])
+    assert BEST_PEER_COLUMN not in only_flash and SDPA_FLASH_COLUMN in only_flash
+    # A peer that ran but measured nothing where cuteattn did: the line says n/a.
+    assert f"{BEST_PEER_COLUMN}: n/a" in format_summaries([results[4]], ["cuteattn", "fa4"])
+    assert format_summaries(results, ["fa4", "sdpa-flash"]) == ""
+
+
+def test_table_has_one_row_per_shape_and_ratio_columns():
+    results = [
+        result(64, 1024, False, cuteattn=1.0, sdpa_flash=2.0, sdpa_cudnn=1.5, fa4=3.0),
+        result(128, 8192, True, heads=32, heads_kv=4, sdpa_flash=1.0, fa4=1.0),
+        result(64, 4096, True, cuteattn=1.0, sdpa_flash=1.0),
+    ]
+    backends = ["cuteattn", "sdpa-flash", "sdpa-cudnn", "fa4"]
+    lines = format_table(results, backends).splitlines()
     assert "4 * batch * heads * seqlen_q * seqlen_k * dim" in lines[0]
-    assert lines[1].split() == ["dim", "seqlen", "causal", "batch", "heads", "cuteattn", "sdpa-flash", RATIO_COLUMN]
-    expected = f"{tflops(results[0].shape, 1.0):.1f}"
-    assert lines[2].split() == ["64", "1024", "False", "1", "1", expected, f"{tflops(results[0].shape, 2.0):.1f}", "2.00"]
-    assert lines[3].split()[5] == "-" and lines[3].split()[-1] == "-"
-    assert len(lines) == 4
+    assert lines[1].split() == [
+        "dim", "seqlen", "causal", "batch", "heads", "heads_kv", *backends,
+        PEER_NAME_COLUMN, BEST_PEER_COLUMN, SDPA_FLASH_COLUMN,
+    ]
+    shape = results[0].shape
+    assert lines[2].split() == [
+        "64", "1024", "False", "1", "1", "1",
+        *(f"{tflops(shape, ms):.1f}" for ms in (1.0, 2.0, 1.5, 3.0)),
+        "sdpa-cudnn", "1.50", "2.00",
+    ]
+    gqa = lines[3].split()
+    assert gqa[:7] == ["128", "8192", "True", "1", "32", "4", "-"]
+    assert gqa[-3:] == ["-", "-", "-"]
+    assert lines[4].split()[-3:] == ["-", "-", "1.00"]  # no peer measured: no best-peer ratio
+    assert len(lines) == 5
 
 
-def test_table_omits_ratio_without_both_backends():
-    table = format_table([result(64, 1024, False, fa4=1.0)], ["fa4"])
-    assert RATIO_COLUMN not in table
+def test_table_omits_ratios_that_cannot_exist():
+    table = format_table([result(64, 1024, False, fa4=1.0, sdpa_flash=1.0)], ["fa4", "sdpa-flash"])
+    assert "cuteattn/" not in table and PEER_NAME_COLUMN not in table
+    header = format_table([result(64, 1024, False, cuteattn=1.0, fa4=1.0)], ["cuteattn", "fa4"]).splitlines()[1]
+    assert header.split()[-2:] == [PEER_NAME_COLUMN, BEST_PEER_COLUMN]
+    assert SDPA_FLASH_COLUMN not in header
 
 
 def test_csv_round_trip(tmp_path):
-    results = [result(64, 1024, False, cuteattn=0.25, sdpa_flash=0.5), result(128, 4096, True, fa4=1.5)]
+    results = [
+        result(64, 1024, False, cuteattn=0.25, sdpa_flash=0.5),
+        result(128, 4096, True, heads=32, heads_kv=4, fa4=1.5),
+    ]
     path = tmp_path / "bench.csv"
     write_csv(str(path), results, "bf16")
     with open(path, newline="") as f:
@@ -146,7 +336,9 @@ def test_csv_round_trip(tmp_path):
     ]
     for row, (res, backend) in zip(rows, [(results[0], "cuteattn"), (results[0], "sdpa-flash"), (results[1], "fa4")]):
         assert row["dtype"] == "bf16"
-        assert (int(row["batch"]), int(row["heads"])) == (res.shape.batch, res.shape.heads)
+        assert (int(row["batch"]), int(row["heads"]), int(row["heads_kv"])) == (
+            res.shape.batch, res.shape.heads, res.shape.heads_kv
+        )
         assert float(row["median_ms"]) == pytest.approx(res.ms_by_backend[backend])
         assert float(row["tflops"]) == pytest.approx(res.tflops(backend), rel=1e-3)
 
@@ -188,6 +380,29 @@ def test_family_backend_forces_its_family(monkeypatch):
     call = load_backend("cuteattn-sm80")("q", "k", "v", True)
     assert call() == "out"
     assert calls == [{"causal": True, "family": "sm80"}]
+
+
+@pytest.mark.parametrize("backend", ["sdpa-flash", "sdpa-cudnn"])
+def test_sdpa_backends_pass_enable_gqa_only_for_gqa(monkeypatch, backend):
+    import torch
+    import torch.nn.functional
+
+    calls = []
+
+    def fake_sdpa(q, k, v, **kwargs):
+        calls.append(((q.shape, k.shape, v.shape), kwargs))
+        return q
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", fake_sdpa)
+    bind = load_backend(backend)
+    q = torch.zeros(2, 8, 32, 16)  # (batch, seqlen, heads, dim)
+    kv = torch.zeros(2, 8, 4, 16)
+    bind(q, kv, kv, True)()
+    bind(q, q, q, False)()
+    assert calls == [
+        (((2, 32, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16)), {"is_causal": True, "enable_gqa": True}),
+        (((2, 32, 8, 16),) * 3, {"is_causal": False}),
+    ]
 
 
 def test_one_line_keeps_type_and_first_line():

@@ -20,15 +20,16 @@ from .backends import (
 from .runner import (
     CAUSAL_MODES,
     FLOPS_NOTE,
+    ExtraShape,
     Shape,
     build_grid,
     collect_environment,
     format_environment,
-    format_summary,
+    format_summaries,
     format_table,
     log_to_stderr,
+    parse_extra_shape,
     run_benchmark,
-    summarize_ratio,
     write_csv,
 )
 
@@ -53,6 +54,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _extra_shape(text: str) -> ExtraShape:
+    try:
+        return parse_extra_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _backend_list(text: str) -> list[str]:
     try:
         return parse_backend_names(text)
@@ -65,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m cuteattn.bench",
         description=(
             "Forward attention TFLOP/s of several backends on the same inputs, timed in "
-            f"interleaved rounds (median over rounds). {FLOPS_NOTE}."
+            f"interleaved rounds (median over rounds). {FLOPS_NOTE}. The table and summary "
+            "hold cuteattn against the faster of fa4 and sdpa-cudnn per row (cuteattn/best-peer) "
+            "and against sdpa-flash, as TFLOP/s ratios."
         ),
     )
     parser.add_argument(
@@ -86,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="total tokens per call; batch = tokens // seqlen, at least 1 (default: 32768)")
     parser.add_argument("--hidden", type=_positive_int, default=2048,
                         help="model width; heads = hidden // dim, at least 1 (default: 2048)")
+    parser.add_argument("--heads-kv", type=_positive_int, default=None, metavar="N",
+                        help="k and v heads (GQA / MQA); must divide every row's heads "
+                             "(default: as many as q, i.e. MHA)")
+    parser.add_argument(
+        "--extra-shape", type=_extra_shape, action="append", default=[], metavar="KEY=VALUE,...",
+        help=(
+            "one more row after the grid, e.g. dim=128,seqlen=8192,heads=32,heads_kv=4,causal=both; "
+            "keys dim, seqlen (required), causal (both/true/false), heads, heads_kv, batch; a key "
+            "left out takes the grid's value (from --causal, --hidden, --heads-kv, --tokens); repeatable"
+        ),
+    )
     parser.add_argument("--rounds", type=_positive_int, default=5,
                         help="interleaved rounds per shape; the median is reported (default: 5)")
     parser.add_argument("--iters", type=_positive_int, default=10,
@@ -95,7 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def grid_from_args(args: argparse.Namespace) -> list[Shape]:
-    return build_grid(args.dims, args.seqlens, CAUSAL_MODES[args.causal], args.tokens, args.hidden)
+    """The rows to time; ValueError where --heads-kv (or a row's heads_kv) does not divide heads."""
+    return build_grid(
+        args.dims, args.seqlens, CAUSAL_MODES[args.causal], args.tokens, args.hidden,
+        heads_kv=args.heads_kv, extra=args.extra_shape,
+    )
 
 
 def load_available(names: Sequence[str]) -> dict[str, Binder]:
@@ -110,15 +135,19 @@ def load_available(names: Sequence[str]) -> dict[str, Binder]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        shapes = grid_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not torch.cuda.is_available():
         print(NO_CUDA_MESSAGE, file=sys.stderr)
         return 2
 
-    shapes = grid_from_args(args)
     print(format_environment(collect_environment()))
     print(f"# dtype: {args.dtype}, tokens: {args.tokens}, hidden: {args.hidden}, "
-          f"rounds: {args.rounds}, iters: {args.iters}")
+          f"heads_kv: {args.heads_kv or 'heads (MHA)'}, rounds: {args.rounds}, iters: {args.iters}")
 
     binders = load_available(args.backends)
     if not binders:
@@ -128,8 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run_benchmark(shapes, binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters)
     print()
     print(format_table(results, list(binders)))
-    if "cuteattn" in binders and "sdpa-flash" in binders:
-        print(format_summary(summarize_ratio(results)))
+    summaries = format_summaries(results, list(binders))
+    if summaries:
+        print()
+        print(summaries)
     if args.csv:
         write_csv(args.csv, results, args.dtype)
         log_to_stderr(f"wrote {args.csv}")

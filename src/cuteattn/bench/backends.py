@@ -3,7 +3,7 @@
 Every adapter is loaded by name and yields a binder: ``bind(q, k, v, causal)`` returns a
 zero-argument call that runs one forward pass. Binding happens outside the timed region, so any
 per-shape setup (views, keyword plumbing) is not measured. Inputs always arrive in the flash-attn
-layout (batch, seqlen, heads, dim).
+layout (batch, seqlen, heads, dim); k and v may have fewer heads than q (GQA / MQA).
 
 Libraries are imported only when an adapter is loaded: listing or rejecting backend names must
 work on machines without the CuTe DSL, flash-attn or a GPU. ``cuteattn`` is the planner's
@@ -60,11 +60,14 @@ def _sdpa_loader(sdp_backend: str) -> Callable[[], Binder]:
         def bind(q, k, v, causal):
             # SDPA expects (batch, heads, seqlen, dim); transposed views avoid copies, and the
             # kernel pin makes SDPA raise instead of silently falling back to another kernel.
+            # Fewer k/v heads than q heads (GQA / MQA) needs enable_gqa (torch >= 2.5); it is
+            # passed only then, so MHA rows also run on older torch.
             q_t, k_t, v_t = (t.transpose(1, 2) for t in (q, k, v))
+            gqa = {"enable_gqa": True} if k.shape[2] != q.shape[2] else {}
 
             def call():
                 with sdpa_kernel(backend):
-                    return scaled_dot_product_attention(q_t, k_t, v_t, is_causal=causal)
+                    return scaled_dot_product_attention(q_t, k_t, v_t, is_causal=causal, **gqa)
 
             return call
 
@@ -77,6 +80,7 @@ def _load_fa4() -> Binder:
     from flash_attn.cute import flash_attn_func
 
     def bind(q, k, v, causal):
+        # FA4 takes fewer k/v heads than q heads (GQA / MQA) as they are.
         def call():
             out = flash_attn_func(q, k, v, causal=causal)
             # Some FA4 releases return (out, lse).

@@ -1,4 +1,5 @@
-"""Shape grid, FLOP accounting, interleaved timing rounds and reporting.
+"""Shape grid (GQA, extra rows), FLOP accounting, interleaved timing rounds and reporting
+(TFLOP/s table; cuteattn against the faster peer and against sdpa-flash, per row and summarised).
 
 Only ``collect_environment``, ``time_call_ms`` and ``run_benchmark`` touch the GPU; everything else
 is a pure function so it can be tested on a CPU-only machine.
@@ -13,7 +14,7 @@ import math
 import statistics
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import torch
 
@@ -23,23 +24,60 @@ FLOPS_NOTE = (
     "FLOPs = 4 * batch * heads * seqlen_q * seqlen_k * dim, halved when causal "
     "(flash-attn benchmark convention); TFLOP/s = FLOPs / time / 1e12"
 )
-RATIO_COLUMN = "cuteattn/sdpa-flash"
+# The peers cuteattn is held against: per row, the faster of those that measured it.
+PEERS = ("fa4", "sdpa-cudnn")
+BEST_PEER_COLUMN = "cuteattn/best-peer"
+PEER_NAME_COLUMN = "best-peer"
+SDPA_FLASH_COLUMN = "cuteattn/sdpa-flash"
+RATIO_NOTE = "ratio = cuteattn TFLOP/s / the other's TFLOP/s (same inputs; >1: cuteattn faster)"
 CAUSAL_MODES = {"both": (False, True), "true": (True,), "false": (False,)}
 # Enough calls to trigger compilation and autotuning caches before anything is timed.
 WARMUP_CALLS = 3
-CSV_FIELDS = ("dtype", "dim", "seqlen", "causal", "batch", "heads", "backend", "median_ms", "tflops")
+CSV_FIELDS = (
+    "dtype", "dim", "seqlen", "causal", "batch", "heads", "heads_kv", "backend", "median_ms", "tflops",
+)
+EXTRA_SHAPE_KEYS = ("dim", "seqlen", "causal", "heads", "heads_kv", "batch")
 
 
 @dataclass(frozen=True)
 class Shape:
+    """One benchmark row. q has ``heads`` heads; k and v have ``heads_kv`` (None: ``heads``,
+    i.e. MHA), which must divide ``heads`` (GQA / MQA)."""
+
     dim: int
     seqlen: int
     causal: bool
     batch: int
     heads: int
+    heads_kv: int | None = None
+
+    def __post_init__(self):
+        if self.heads_kv is None:
+            object.__setattr__(self, "heads_kv", self.heads)
+        if self.heads_kv <= 0 or self.heads % self.heads_kv != 0:
+            raise ValueError(
+                f"heads_kv {self.heads_kv} must divide heads {self.heads} "
+                f"(dim={self.dim} seqlen={self.seqlen})"
+            )
 
     def label(self) -> str:
-        return f"dim={self.dim} seqlen={self.seqlen} causal={self.causal}"
+        heads = f"heads={self.heads}"
+        if self.heads_kv != self.heads:
+            heads += f" heads_kv={self.heads_kv}"
+        return f"dim={self.dim} seqlen={self.seqlen} causal={self.causal} {heads}"
+
+
+@dataclass(frozen=True)
+class ExtraShape:
+    """One ``--extra-shape``: a grid row with these fields given; None takes the grid's value
+    (batch from tokens, heads from hidden, heads_kv from --heads-kv, causal from --causal)."""
+
+    dim: int
+    seqlen: int
+    causal: tuple[bool, ...] | None = None
+    heads: int | None = None
+    heads_kv: int | None = None
+    batch: int | None = None
 
 
 @dataclass
@@ -53,24 +91,94 @@ class ShapeResult:
         return None if ms is None else tflops(self.shape, ms)
 
 
+class RowRatio(NamedTuple):
+    value: float  # cuteattn's (the subject's) TFLOP/s / the peer's
+    peer: str
+
+
+RatioFn = Callable[[ShapeResult], "RowRatio | None"]
+
+
 @dataclass(frozen=True)
-class RatioSummary:
+class GroupMean:
+    dim: int
+    causal: bool
     geomean: float
-    minimum: float
-    min_shape: Shape
     rows: int
 
 
+@dataclass(frozen=True)
+class RatioSummary:
+    geomean: float
+    rows: int
+    minimum: float
+    min_shape: Shape
+    min_peer: str
+    groups: tuple[GroupMean, ...]  # one per (dim, causal), sorted
+
+
+def parse_extra_shape(text: str) -> ExtraShape:
+    """``dim=128,seqlen=8192,heads=32,heads_kv=4,causal=both`` -> ExtraShape; ValueError if
+    malformed. dim and seqlen are required; causal is one of both / true / false."""
+    fields: dict[str, object] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = (piece.strip() for piece in item.partition("="))
+        if not sep or key not in EXTRA_SHAPE_KEYS:
+            raise ValueError(
+                f"bad item {item!r} in {text!r}: expected key=value with key in {', '.join(EXTRA_SHAPE_KEYS)}"
+            )
+        if key in fields:
+            raise ValueError(f"{key} given twice in {text!r}")
+        if key == "causal":
+            if value.lower() not in CAUSAL_MODES:
+                raise ValueError(f"causal must be one of {', '.join(CAUSAL_MODES)}, got {value!r}")
+            fields[key] = CAUSAL_MODES[value.lower()]
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number <= 0:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        fields[key] = number
+    missing = [key for key in ("dim", "seqlen") if key not in fields]
+    if missing:
+        raise ValueError(f"{text!r} lacks {' and '.join(missing)}")
+    return ExtraShape(**fields)
+
+
 def build_grid(
-    dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool], tokens: int, hidden: int
+    dims: Sequence[int],
+    seqlens: Sequence[int],
+    causal: Sequence[bool],
+    tokens: int,
+    hidden: int,
+    *,
+    heads_kv: int | None = None,
+    extra: Sequence[ExtraShape] = (),
 ) -> list[Shape]:
-    """Every (dim, seqlen, causal) combination at a fixed token count and model width."""
-    return [
-        Shape(dim, seqlen, is_causal, batch=max(1, tokens // seqlen), heads=max(1, hidden // dim))
-        for dim in dims
-        for seqlen in seqlens
-        for is_causal in causal
-    ]
+    """Every (dim, seqlen, causal) combination at a fixed token count and model width, then the
+    extra rows; a row listed twice is kept once. ``heads_kv`` None means MHA. ValueError where
+    heads_kv does not divide a row's heads."""
+
+    def row(dim, seqlen, is_causal, *, batch=None, heads=None, kv=None):
+        # A field not given takes the grid's value; heads_kv None in Shape means MHA.
+        return Shape(
+            dim=dim, seqlen=seqlen, causal=is_causal,
+            batch=max(1, tokens // seqlen) if batch is None else batch,
+            heads=max(1, hidden // dim) if heads is None else heads,
+            heads_kv=heads_kv if kv is None else kv,
+        )
+
+    shapes = [row(dim, seqlen, is_causal) for dim in dims for seqlen in seqlens for is_causal in causal]
+    for spec in extra:
+        for is_causal in causal if spec.causal is None else spec.causal:
+            shapes.append(
+                row(spec.dim, spec.seqlen, is_causal, batch=spec.batch, heads=spec.heads, kv=spec.heads_kv)
+            )
+    return list(dict.fromkeys(shapes))
 
 
 def attention_flops(shape: Shape) -> int:
@@ -91,49 +199,107 @@ def rotated(names: Sequence[str], round_index: int) -> list[str]:
     return list(names[shift:]) + list(names[:shift])
 
 
-def cuteattn_ratio(result: ShapeResult) -> float | None:
-    cute_ms = result.ms_by_backend.get("cuteattn")
-    sdpa_ms = result.ms_by_backend.get("sdpa-flash")
-    if cute_ms is None or sdpa_ms is None:
+def best_peer_ratio(
+    result: ShapeResult, peers: Sequence[str] = PEERS, subject: str = "cuteattn"
+) -> RowRatio | None:
+    """``subject`` against the fastest of ``peers`` that measured this row; None if the subject
+    or every peer is missing."""
+    subject_ms = result.ms_by_backend.get(subject)
+    measured = [(result.ms_by_backend[peer], peer) for peer in peers if peer in result.ms_by_backend]
+    if subject_ms is None or not measured:
         return None
-    return sdpa_ms / cute_ms  # same FLOPs on both sides, so the time ratio is the TFLOP/s ratio
+    peer_ms, peer = min(measured)
+    return RowRatio(peer_ms / subject_ms, peer)  # same FLOPs on both sides: time ratio = TFLOP/s ratio
 
 
-def summarize_ratio(results: Iterable[ShapeResult]) -> RatioSummary | None:
-    """Geometric mean and minimum of cuteattn/sdpa-flash over rows that have both."""
-    pairs = [(ratio, r.shape) for r in results if (ratio := cuteattn_ratio(r)) is not None]
-    if not pairs:
+def sdpa_flash_ratio(result: ShapeResult) -> RowRatio | None:
+    return best_peer_ratio(result, peers=("sdpa-flash",))
+
+
+def ratio_columns(backends: Sequence[str]) -> list[tuple[str, RatioFn]]:
+    """The ratios a run with ``backends`` can report: cuteattn/best-peer when cuteattn and a
+    peer ran, cuteattn/sdpa-flash when both ran."""
+    if "cuteattn" not in backends:
+        return []
+    columns: list[tuple[str, RatioFn]] = []
+    if any(peer in backends for peer in PEERS):
+        columns.append((BEST_PEER_COLUMN, best_peer_ratio))
+    if "sdpa-flash" in backends:
+        columns.append((SDPA_FLASH_COLUMN, sdpa_flash_ratio))
+    return columns
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(value) for value in values) / len(values))
+
+
+def summarize_ratio(results: Iterable[ShapeResult], ratio: RatioFn = best_peer_ratio) -> RatioSummary | None:
+    """Geometric mean of ``ratio`` overall and per (dim, causal), and its minimum, over the rows
+    where it exists; None if no row has it."""
+    rows = [(r.shape, row_ratio) for r in results if (row_ratio := ratio(r)) is not None]
+    if not rows:
         return None
-    geomean = math.exp(sum(math.log(ratio) for ratio, _ in pairs) / len(pairs))
-    minimum, min_shape = min(pairs, key=lambda pair: pair[0])
-    return RatioSummary(geomean, minimum, min_shape, len(pairs))
-
-
-def format_summary(summary: RatioSummary | None) -> str:
-    if summary is None:
-        return f"{RATIO_COLUMN}: n/a (needs both backends on at least one row)"
-    return (
-        f"{RATIO_COLUMN}: geomean {summary.geomean:.2f}x over {summary.rows} rows; "
-        f"min {summary.minimum:.2f}x at {summary.min_shape.label()}"
+    by_group: dict[tuple[int, bool], list[float]] = {}
+    for shape, row_ratio in rows:
+        by_group.setdefault((shape.dim, shape.causal), []).append(row_ratio.value)
+    groups = tuple(
+        GroupMean(dim=dim, causal=causal, geomean=geomean(values), rows=len(values))
+        for (dim, causal), values in sorted(by_group.items())
+    )
+    min_shape, min_ratio = min(rows, key=lambda row: row[1].value)
+    return RatioSummary(
+        geomean=geomean([row_ratio.value for _, row_ratio in rows]), rows=len(rows),
+        minimum=min_ratio.value, min_shape=min_shape, min_peer=min_ratio.peer, groups=groups,
     )
 
 
+def format_summary(summary: RatioSummary | None, column: str = BEST_PEER_COLUMN) -> str:
+    if summary is None:
+        return f"{column}: n/a (no row was measured by both sides)"
+    # Name the peer of the minimum where the column does not (best-peer varies by row).
+    peer = "" if column.endswith(f"/{summary.min_peer}") else f" (vs {summary.min_peer})"
+    lines = [
+        f"{column} overall: geomean {summary.geomean:.2f}x over {summary.rows} rows; "
+        f"min {summary.minimum:.2f}x at {summary.min_shape.label()}{peer}"
+    ]
+    lines += [
+        f"  dim={group.dim} causal={group.causal}: geomean {group.geomean:.2f}x over {group.rows} rows"
+        for group in summary.groups
+    ]
+    return "\n".join(lines)
+
+
+def format_summaries(results: Sequence[ShapeResult], backends: Sequence[str]) -> str:
+    """One summary per ratio the run can report (``ratio_columns``); empty if none."""
+    blocks = [
+        format_summary(summarize_ratio(results, ratio), column) for column, ratio in ratio_columns(backends)
+    ]
+    if blocks:
+        blocks.insert(0, f"# {RATIO_NOTE}; best-peer = the faster of {', '.join(PEERS)} per row")
+    return "\n".join(blocks)
+
+
 def format_table(results: Sequence[ShapeResult], backends: Sequence[str]) -> str:
-    """TFLOP/s per backend, one row per shape; '-' where a backend did not run."""
-    show_ratio = "cuteattn" in backends and "sdpa-flash" in backends
-    header = ["dim", "seqlen", "causal", "batch", "heads", *backends]
-    if show_ratio:
-        header.append(RATIO_COLUMN)
+    """TFLOP/s per backend, one row per shape, then the ratios the run can report; '-' where a
+    backend did not run or a ratio lacks a side."""
+    columns = ratio_columns(backends)
+    header = ["dim", "seqlen", "causal", "batch", "heads", "heads_kv", *backends]
+    for column, _ in columns:
+        if column == BEST_PEER_COLUMN:
+            header.append(PEER_NAME_COLUMN)
+        header.append(column)
     rows = []
     for result in results:
         s = result.shape
-        row = [str(s.dim), str(s.seqlen), str(s.causal), str(s.batch), str(s.heads)]
+        row = [str(s.dim), str(s.seqlen), str(s.causal), str(s.batch), str(s.heads), str(s.heads_kv)]
         for backend in backends:
             value = result.tflops(backend)
             row.append("-" if value is None else f"{value:.1f}")
-        if show_ratio:
-            ratio = cuteattn_ratio(result)
-            row.append("-" if ratio is None else f"{ratio:.2f}")
+        for column, ratio in columns:
+            row_ratio = ratio(result)
+            if column == BEST_PEER_COLUMN:
+                row.append("-" if row_ratio is None else row_ratio.peer)
+            row.append("-" if row_ratio is None else f"{row_ratio.value:.2f}")
         rows.append(row)
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
     lines = [f"# TFLOP/s, forward. {FLOPS_NOTE}"]
@@ -149,7 +315,7 @@ def csv_rows(results: Iterable[ShapeResult], dtype_name: str) -> list[dict[str, 
             rows.append({
                 "dtype": dtype_name, "dim": str(s.dim), "seqlen": str(s.seqlen),
                 "causal": str(s.causal), "batch": str(s.batch), "heads": str(s.heads),
-                "backend": backend, "median_ms": f"{ms:.6f}", "tflops": f"{tflops(s, ms):.3f}",
+                "heads_kv": str(s.heads_kv), "backend": backend, "median_ms": f"{ms:.6f}", "tflops": f"{tflops(s, ms):.3f}",
             })
     return rows
 
@@ -224,9 +390,10 @@ def run_benchmark(
     torch.manual_seed(0)
     results = []
     for index, shape in enumerate(shapes, 1):
+        # Every backend gets these same tensors; k and v carry heads_kv heads (GQA / MQA).
         q, k, v = (
-            torch.randn(shape.batch, shape.seqlen, shape.heads, shape.dim, device="cuda", dtype=dtype)
-            for _ in range(3)
+            torch.randn(shape.batch, shape.seqlen, heads, shape.dim, device="cuda", dtype=dtype)
+            for heads in (shape.heads, shape.heads_kv, shape.heads_kv)
         )
         calls = {}
         for backend, bind in binders.items():
@@ -253,6 +420,6 @@ def run_benchmark(
         result = ShapeResult(shape, {b: statistics.median(ms) for b, ms in samples.items()})
         results.append(result)
         measured = ", ".join(f"{b} {result.tflops(b):.1f}" for b in result.ms_by_backend) or "nothing ran"
-        log(f"[{index}/{len(shapes)}] {shape.label()} batch={shape.batch} heads={shape.heads}: {measured} TFLOP/s")
+        log(f"[{index}/{len(shapes)}] {shape.label()} batch={shape.batch}: {measured} TFLOP/s")
         del q, k, v, calls
     return results
