@@ -1,0 +1,165 @@
+"""Time candidate sm90 plans against FlashAttention-4 and cuDNN on the same inputs (GPU only).
+
+    python scripts/tune_sm90.py --dims 64,128 --seqlens 1024,4096 --causal both \\
+        --tiles 128x128x2,192x128x2 --persistent both
+
+Each candidate (tile_m x tile_n x num_stages, persistent or single-tile; ping-pong as the family
+defaults it) is an explicit sm90 KernelPlan run through ``cuteattn.api.forward(plan=)``; a plan
+the family cannot implement on this GPU (shared memory, tile_m not a multiple of 64, ...) is
+skipped. Without --tiles the candidates are the family's own tiles for each (head dim, causal).
+Candidates and the peers (fa4, sdpa-cudnn: those that load) get the same inputs and are timed in
+interleaved rounds by the benchmark's runner; one line per shape gives TFLOP/s (bench
+convention), the best candidate against the faster peer, and the planner's own choice.
+"""
+
+import argparse
+import sys
+
+import torch
+
+from cuteattn import api
+from cuteattn.bench.__main__ import DTYPES, load_available
+from cuteattn.bench.runner import (
+    CAUSAL_MODES,
+    PEERS,
+    Shape,
+    ShapeResult,
+    best_peer_ratio,
+    build_grid,
+    log_to_stderr,
+    run_benchmark,
+)
+from cuteattn.kernels.sm90.family import SM90_TILES
+from cuteattn.plan import KernelPlan, Problem, get_family, plan_forward
+from cuteattn.runtime.arch import device_arch
+
+PERSISTENT_MODES = {"both": (True, False), "true": (True,), "false": (False,)}
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def tile_list(text: str) -> list[tuple[int, int, int]]:
+    """``128x128x2,192x128x2`` -> [(tile_m, tile_n, num_stages), ...]."""
+    tiles = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        try:
+            tile = tuple(int(n) for n in item.lower().split("x"))
+        except ValueError:
+            tile = ()
+        if len(tile) != 3 or min(tile) <= 0:
+            raise argparse.ArgumentTypeError(f"expected tile_m x tile_n x stages like 128x128x2, got {item!r}")
+        tiles.append(tile)
+    if not tiles:
+        raise argparse.ArgumentTypeError("no tile given")
+    return tiles
+
+
+def candidate_name(plan: KernelPlan) -> str:
+    mode = "persistent" if plan.option("persistent") else "single"
+    return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}"
+
+
+def candidates(arch, shape: Shape, dtype: str, tiles, persistent_modes) -> tuple[dict, list]:
+    """The plans to time for ``shape`` by name, and the names of those the family cannot
+    implement on ``arch``."""
+    family = get_family("sm90")
+    # The family's entries lead with (tile_m, tile_n, num_stages); what follows is its own
+    # persistence policy, which --persistent replaces here.
+    tiles = tiles or [entry[:3] for entry in SM90_TILES.get((shape.dim, shape.causal), ())]
+    plans, skipped = {}, []
+    for tile_m, tile_n, num_stages in tiles:
+        for persistent in persistent_modes:
+            plan = family.plan(
+                arch, dtype=dtype, head_dim=shape.dim, causal=shape.causal, tile_m=tile_m,
+                tile_n=tile_n, num_stages=num_stages, persistent=persistent, pingpong=None,
+            )
+            if family.can_implement(plan, arch):
+                plans[candidate_name(plan)] = plan
+            else:
+                skipped.append(candidate_name(plan))
+    return plans, skipped
+
+
+def planner_choice(arch, shape: Shape, dtype: str) -> str:
+    problem = Problem(
+        batch=shape.batch, seqlen_q=shape.seqlen, seqlen_k=shape.seqlen, heads_q=shape.heads,
+        heads_kv=shape.heads_kv, head_dim=shape.dim, head_dim_v=shape.dim, dtype=dtype,
+        causal=shape.causal, arch=arch,
+    )
+    try:
+        return candidate_name(plan_forward(problem, family="sm90"))
+    except NotImplementedError:
+        return "n/a"
+
+
+def plan_binder(plan: KernelPlan):
+    def bind(q, k, v, causal):
+        return lambda: api.forward(q, k, v, causal=causal, plan=plan)[0]
+
+    return bind
+
+
+def shape_line(shape: Shape, result: ShapeResult, names, planner: str) -> str:
+    measured = ", ".join(f"{name} {result.tflops(name):.1f}" for name in names if name in result.ms_by_backend)
+    line = f"d{shape.dim} s{shape.seqlen} causal={shape.causal} heads={shape.heads}/{shape.heads_kv}: {measured or 'nothing ran'}"
+    timed = [name for name in names if name in result.ms_by_backend and name not in PEERS]
+    if timed:
+        best = min(timed, key=result.ms_by_backend.__getitem__)
+        ratio = best_peer_ratio(result, subject=best)
+        versus = "no peer" if ratio is None else f"{ratio.value:.2f}x {ratio.peer}"
+        line += f" | best {best}: {versus}"
+    return line + f" | planner {planner}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dims", type=int_list, default=[64, 128, 256], help="default: 64,128,256")
+    parser.add_argument("--seqlens", type=int_list, default=[1024, 4096, 16384], help="default: 1024,4096,16384")
+    parser.add_argument("--causal", choices=tuple(CAUSAL_MODES), default="both")
+    parser.add_argument("--tiles", type=tile_list, default=None,
+                        help="tile_m x tile_n x stages, comma-separated, e.g. 128x128x2,192x128x2 "
+                             "(default: the family's tiles for each head dim and causal)")
+    parser.add_argument("--persistent", choices=tuple(PERSISTENT_MODES), default="both",
+                        help="persistent and/or single-tile scheduling (default: both)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument("--tokens", type=int, default=32768, help="batch = tokens // seqlen (default: 32768)")
+    parser.add_argument("--hidden", type=int, default=2048, help="heads = hidden // dim (default: 2048)")
+    parser.add_argument("--heads-kv", type=int, default=None, help="k/v heads, GQA / MQA (default: MHA)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is reported")
+    parser.add_argument("--iters", type=int, default=10, help="calls per timed window")
+    args = parser.parse_args(argv)
+    try:
+        shapes = build_grid(
+            args.dims, args.seqlens, CAUSAL_MODES[args.causal], args.tokens, args.hidden, heads_kv=args.heads_kv
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not torch.cuda.is_available():
+        print("tune_sm90: needs a CUDA GPU", file=sys.stderr)
+        return 2
+
+    arch = device_arch(torch.device("cuda"))
+    peers = load_available(PEERS)
+    for shape in shapes:
+        plans, skipped = candidates(arch, shape, args.dtype, args.tiles, PERSISTENT_MODES[args.persistent])
+        if skipped:
+            log_to_stderr(f"{shape.label()}: sm90 cannot implement {', '.join(skipped)} on {arch.name}; skipped")
+        if not plans:
+            print(f"d{shape.dim} s{shape.seqlen} causal={shape.causal}: no candidate plan", flush=True)
+            continue
+        binders = {name: plan_binder(plan) for name, plan in plans.items()} | peers
+        (result,) = run_benchmark([shape], binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters)
+        print(shape_line(shape, result, list(binders), planner_choice(arch, shape, args.dtype)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""CPU tests of scripts/tune_sm90.py's plain-Python parts: tile parsing, candidate plans (and
+the ones the sm90 family cannot implement), the planner's choice, the per-shape line."""
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuteattn.arch import arch_from_name
+from cuteattn.bench.runner import Shape, ShapeResult, tflops
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tune_sm90.py"
+HOPPER = arch_from_name("sm_90a")
+
+
+@pytest.fixture(scope="module")
+def tune():
+    spec = importlib.util.spec_from_file_location("tune_sm90", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tile_list(tune):
+    assert tune.tile_list("128x128x2, 192X128x2") == [(128, 128, 2), (192, 128, 2)]
+    for bad in ("128x128", "128x0x2", "axbxc", ","):
+        with pytest.raises(argparse.ArgumentTypeError):
+            tune.tile_list(bad)
+
+
+def test_candidates_skip_what_the_family_cannot_implement(tune):
+    shape = Shape(dim=128, seqlen=1024, causal=True, batch=32, heads=16)
+    plans, skipped = tune.candidates(HOPPER, shape, "bf16", [(128, 128, 2), (96, 128, 2)], (True, False))
+    assert list(plans) == ["128x128x2-persistent", "128x128x2-single"]
+    assert skipped == ["96x128x2-persistent", "96x128x2-single"]  # tile_m is 64 rows per warpgroup
+    plan = plans["128x128x2-persistent"]
+    assert (plan.family, plan.head_dim, plan.causal, plan.num_stages) == ("sm90", 128, True, 2)
+    assert plan.option("persistent") and plan.option("pingpong")  # ping-pong as the family defaults it
+
+
+def test_candidates_default_to_the_family_tiles(tune):
+    from cuteattn.kernels.sm90.family import SM90_TILES
+
+    shape = Shape(dim=256, seqlen=4096, causal=False, batch=8, heads=8)
+    plans, skipped = tune.candidates(HOPPER, shape, "bf16", None, (False,))
+    assert [(p.tile_m, p.tile_n, p.num_stages) for p in plans.values()] == [
+        tuple(entry[:3]) for entry in SM90_TILES[(256, False)]
+    ]
+    assert skipped == []
+
+
+def test_planner_choice_is_named_like_a_candidate(tune):
+    gqa = Shape(dim=128, seqlen=8192, causal=True, batch=4, heads=32, heads_kv=4)
+    plans, _ = tune.candidates(HOPPER, gqa, "bf16", None, (True, False))
+    assert tune.planner_choice(HOPPER, gqa, "bf16") in plans
+    assert tune.planner_choice(arch_from_name("sm_80"), gqa, "bf16") == "n/a"
+
+
+def test_shape_line_names_the_best_candidate_against_the_faster_peer(tune):
+    shape = Shape(dim=256, seqlen=1024, causal=False, batch=32, heads=8)
+    names = ["128x80x2-single", "128x64x2-single", "fa4", "sdpa-cudnn"]
+    result = ShapeResult(shape, {"128x80x2-single": 1.0, "128x64x2-single": 0.8, "fa4": 1.2, "sdpa-cudnn": 1.0})
+    t = {name: f"{tflops(shape, ms):.1f}" for name, ms in result.ms_by_backend.items()}
+    assert tune.shape_line(shape, result, names, "128x80x2-single") == (
+        f"d256 s1024 causal=False heads=8/8: 128x80x2-single {t['128x80x2-single']}, "
+        f"128x64x2-single {t['128x64x2-single']}, fa4 {t['fa4']}, sdpa-cudnn {t['sdpa-cudnn']}"
+        " | best 128x64x2-single: 1.25x sdpa-cudnn | planner 128x80x2-single"
+    )
+    no_peer = ShapeResult(shape, {"128x80x2-single": 1.0})
+    assert tune.shape_line(shape, no_peer, names, "n/a").endswith("| best 128x80x2-single: no peer | planner n/a")
+
+
+def test_help_runs_without_a_gpu():
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--tiles" in proc.stdout and "--persistent" in proc.stdout
