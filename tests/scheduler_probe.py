@@ -6,32 +6,51 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.cute.runtime import make_fake_tensor
 
-from cuteattn.kernels.common.tile_scheduler import PersistentTileScheduler, TileCounts
+from cuteattn.kernels.common.tile_scheduler import (
+    LinearTileCounts,
+    LinearTileScheduler,
+    SingleTileScheduler,
+    TileCounts,
+)
 
 TILE_M = 64
 
 
-def compile_visit_counter(scheduler_cls, *, longest_first: bool, arch="sm_90a", dump_dir=None):
-    """fn(visits, max_ctas): visits is an int32 (m_blocks, heads, batches) tensor, zeroed."""
-    persistent = scheduler_cls is PersistentTileScheduler
+def compile_visit_counter(
+    scheduler_cls, *, persistent: bool, longest_first: bool, arch="sm_90a", dump_dir=None
+):
+    """fn(visits, max_ctas, heads_per_section): visits is an int32 (m_blocks, heads, batches)
+    tensor, zeroed. heads_per_section sizes the linear scheduler's sections (at least 1; the
+    single-tile scheduler ignores it)."""
+    linear = scheduler_cls is LinearTileScheduler
+    if not linear and scheduler_cls is not SingleTileScheduler:
+        raise ValueError(f"no probe for {scheduler_cls.__name__}")
+    counts_type = LinearTileCounts if linear else TileCounts
 
     class VisitCounter:
         @cute.jit
-        def __call__(self, visits: cute.Tensor, max_ctas: Int32, stream):
-            counts = TileCounts.create(
-                seqlen_q=visits.shape[0] * TILE_M, tile_m=TILE_M, num_heads=visits.shape[1],
-                num_batches=visits.shape[2],
-            )
-            if cutlass.const_expr(persistent):
-                grid = scheduler_cls.grid_shape(counts, max_ctas=max_ctas)
+        def __call__(
+            self, visits: cute.Tensor, max_ctas: Int32, heads_per_section: Int32, stream
+        ):
+            if cutlass.const_expr(linear):
+                counts = LinearTileCounts(
+                    num_m_blocks=visits.shape[0], num_heads=visits.shape[1],
+                    num_batches=visits.shape[2], heads_per_section=heads_per_section,
+                )
             else:
-                grid = scheduler_cls.grid_shape(counts)
+                counts = TileCounts.create(
+                    seqlen_q=visits.shape[0] * TILE_M, tile_m=TILE_M, num_heads=visits.shape[1],
+                    num_batches=visits.shape[2],
+                )
+            grid = scheduler_cls.grid_shape(counts, persistent=persistent, max_ctas=max_ctas)
             self.kernel(visits, counts).launch(grid=grid, block=[32, 1, 1], stream=stream)
 
         @cute.kernel
-        def kernel(self, visits: cute.Tensor, counts: TileCounts):
+        def kernel(self, visits: cute.Tensor, counts: counts_type):
             tidx, _, _ = cute.arch.thread_idx()
-            scheduler = scheduler_cls.create(counts, longest_first=longest_first)
+            scheduler = scheduler_cls.create(
+                counts, longest_first=longest_first, persistent=persistent
+            )
             work = scheduler.initial_work_tile()
             while work.is_valid:
                 if tidx == 0:
@@ -47,4 +66,4 @@ def compile_visit_counter(scheduler_cls, *, longest_first: bool, arch="sm_90a", 
     options = f"--enable-tvm-ffi --gpu-arch {arch}"
     if dump_dir is not None:
         options += f" --keep-ptx --dump-dir {dump_dir}"
-    return cute.compile(VisitCounter(), visits, Int32(1), stream, options=options)
+    return cute.compile(VisitCounter(), visits, Int32(1), Int32(1), stream, options=options)

@@ -1,52 +1,128 @@
-"""Tile schedulers: the persistent order is a bijection with the promised locality and causal
-order (checked on Python ints), and both schedulers compile in a kernel loop for sm_90a."""
+"""Tile schedulers: the linear order is a bijection with the promised L2 sections and causal
+order (checked on Python ints), and every scheduler compiles in a kernel loop for sm_90a."""
 
 import itertools
+import re
 
 import pytest
 from scheduler_probe import compile_visit_counter
 
 from cuteattn.kernels.common.tile_scheduler import (
-    PersistentTileScheduler,
+    LinearTileCounts,
+    LinearTileScheduler,
     SingleTileScheduler,
     TileCounts,
-    decode_tile_index,
+    decode_linear_tile,
 )
 
+# (m_blocks, heads, batches, heads_per_section); the comment says how the pairs split.
+LINEAR_CASES = [
+    (1, 1, 1, 1),  # one tile
+    (5, 3, 2, 1),  # one pair per section
+    (5, 3, 2, 2),  # 6 pairs: 2 + 2 + 2
+    (5, 3, 2, 4),  # 6 pairs: 4 + residual 2
+    (4, 8, 1, 8),  # one full section
+    (7, 1, 3, 2),  # 3 pairs: 2 + residual 1, sections crossing batches
+    (3, 5, 3, 4),  # 15 pairs: 4 + 4 + 4 + residual 3, sections crossing batches
+    (2, 3, 2, 16),  # 6 pairs in one section larger than all of them
+]
+
+
+def _order(m_blocks, heads, batches, heads_per_section, longest_first):
+    counts = LinearTileCounts(
+        num_m_blocks=m_blocks, num_heads=heads, num_batches=batches,
+        heads_per_section=heads_per_section,
+    )
+    assert counts.num_tiles() == m_blocks * heads * batches
+    return [
+        decode_linear_tile(i, counts, longest_first=longest_first)
+        for i in range(counts.num_tiles())
+    ]
+
 
 @pytest.mark.parametrize("longest_first", (False, True))
-@pytest.mark.parametrize("m_blocks,heads,batches", [(1, 1, 1), (5, 3, 2), (4, 8, 1), (7, 1, 3)])
-def test_decode_is_a_bijection_in_the_promised_order(m_blocks, heads, batches, longest_first):
-    counts = TileCounts(num_m_blocks=m_blocks, num_heads=heads, num_batches=batches)
-    order = [
-        decode_tile_index(i, counts, longest_first=longest_first)
-        for i in range(m_blocks * heads * batches)
-    ]
+@pytest.mark.parametrize("m_blocks,heads,batches,heads_per_section", LINEAR_CASES)
+def test_decode_linear_tile_is_a_bijection_on_ints(
+    m_blocks, heads, batches, heads_per_section, longest_first
+):
+    order = _order(m_blocks, heads, batches, heads_per_section, longest_first)
+    assert all(type(x) is int for tile in order for x in tile)
     everything = set(itertools.product(range(m_blocks), range(heads), range(batches)))
     assert set(order) == everything and len(order) == len(everything)
-    if longest_first:
-        # Query tiles from the last (longest under causal) down; within one, heads of a batch
-        # adjacent.
-        assert [m for m, _, _ in order] == sorted((m for m, _, _ in order), reverse=True)
-        first_row = order[: heads * batches]
-        assert first_row == [(m_blocks - 1, h, b) for b in range(batches) for h in range(heads)]
-    else:
-        # All query tiles of one (batch, head) run back to back: they share its K and V.
-        assert order[:m_blocks] == [(m, 0, 0) for m in range(m_blocks)]
-        assert [(h, b) for _, h, b in order] == sorted(
-            ((h, b) for _, h, b in order), key=lambda hb: (hb[1], hb[0])
-        )
 
 
 @pytest.mark.parametrize("longest_first", (False, True))
-def test_schedulers_compile_in_the_kernel_loop(longest_first, tmp_path):
-    single = compile_visit_counter(
-        SingleTileScheduler, longest_first=longest_first, dump_dir=tmp_path
+@pytest.mark.parametrize("m_blocks,heads,batches,heads_per_section", LINEAR_CASES)
+def test_decode_linear_tile_walks_sections_in_the_promised_order(
+    m_blocks, heads, batches, heads_per_section, longest_first
+):
+    order = _order(m_blocks, heads, batches, heads_per_section, longest_first)
+    num_pairs = heads * batches
+    m_blocks_in_order = range(m_blocks - 1, -1, -1) if longest_first else range(m_blocks)
+    for first_pair in range(0, num_pairs, heads_per_section):
+        # A section is a run of consecutive batch-major (batch, head) pairs, the last one
+        # possibly shorter.
+        pairs = list(range(first_pair, min(first_pair + heads_per_section, num_pairs)))
+        start = first_pair * m_blocks
+        section = order[start : start + len(pairs) * m_blocks]
+        assert len(section) == len(pairs) * m_blocks
+        # Query tile by query tile (from the last one down if longest first), every pair of the
+        # section at each, in pair order.
+        ms = [m for m, _, _ in section]
+        assert ms == sorted(ms, reverse=longest_first)
+        expected = [
+            (m, pair % heads, pair // heads) for m in m_blocks_in_order for pair in pairs
+        ]
+        assert section == expected
+
+
+@pytest.mark.parametrize(
+    "scheduler_cls,persistent",
+    [(SingleTileScheduler, False), (LinearTileScheduler, False), (LinearTileScheduler, True)],
+    ids=["single", "linear", "linear-persistent"],
+)
+@pytest.mark.parametrize("longest_first", (False, True))
+def test_schedulers_compile_in_the_kernel_loop(scheduler_cls, persistent, longest_first, tmp_path):
+    fn = compile_visit_counter(
+        scheduler_cls, persistent=persistent, longest_first=longest_first, dump_dir=tmp_path
     )
-    persistent = compile_visit_counter(
-        PersistentTileScheduler, longest_first=longest_first, dump_dir=tmp_path
-    )
-    # The single-tile loop folds away: its only branch skips the other threads' atomic. The
-    # persistent one keeps its loop (a branch back).
-    assert single.__ptx__.split(".entry", 1)[1].count("bra") <= 1
-    assert persistent.__ptx__.split(".entry", 1)[1].count("bra") >= 2
+    body = fn.__ptx__.split(".entry", 1)[1]
+    if persistent:
+        # The persistent loop stays: a branch back to its head.
+        assert _has_backward_branch(body)
+    else:
+        # The single-tile loop folds away: its only branch skips the other threads' atomic.
+        assert not _has_backward_branch(body)
+        assert body.count("bra") <= 1
+
+
+def test_single_tile_scheduler_refuses_a_persistent_launch():
+    counts = TileCounts(num_m_blocks=2, num_heads=3, num_batches=4)
+    assert SingleTileScheduler.grid_shape(counts) == (2, 3, 4)
+    with pytest.raises(ValueError, match="LinearTileScheduler"):
+        SingleTileScheduler.grid_shape(counts, persistent=True, max_ctas=132)
+    with pytest.raises(ValueError, match="LinearTileScheduler"):
+        SingleTileScheduler.create(counts, longest_first=False, persistent=True)
+
+
+def test_linear_grid_shape():
+    counts = LinearTileCounts(num_m_blocks=5, num_heads=3, num_batches=2, heads_per_section=4)
+    assert LinearTileScheduler.grid_shape(counts) == (30, 1, 1)
+    assert LinearTileScheduler.grid_shape(counts, persistent=False, max_ctas=7) == (30, 1, 1)
+    assert LinearTileScheduler.grid_shape(counts, persistent=True, max_ctas=7) == (7, 1, 1)
+    assert LinearTileScheduler.grid_shape(counts, persistent=True, max_ctas=132) == (30, 1, 1)
+    with pytest.raises(ValueError, match="max_ctas"):
+        LinearTileScheduler.grid_shape(counts, persistent=True)
+
+
+def _has_backward_branch(ptx_body: str) -> bool:
+    """Whether some branch jumps to a label defined above it: a loop."""
+    seen = set()
+    for line in ptx_body.splitlines():
+        label = re.match(r"\s*(\$\w+):", line)
+        if label:
+            seen.add(label.group(1))
+        target = re.search(r"\bbra(?:\.uni)?\s+(\$\w+)", line)
+        if target and target.group(1) in seen:
+            return True
+    return False

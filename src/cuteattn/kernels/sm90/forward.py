@@ -49,15 +49,15 @@ from cutlass.utils import LayoutEnum
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.epilogue import store_lse
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
-from cuteattn.kernels.common.linear_scheduler import (
-    LinearTileCounts,
-    LinearTileScheduler,
-    make_linear_tile_counts,
-)
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
-from cuteattn.kernels.common.tile_scheduler import WorkTile
+from cuteattn.kernels.common.tile_scheduler import (
+    LinearTileCounts,
+    LinearTileScheduler,
+    WorkTile,
+    make_linear_tile_counts,
+)
 from cuteattn.kernels.sm90 import tiling
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, NamedBarrier, gemm
 
