@@ -470,8 +470,9 @@ class FlashForwardSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         step = dict(
             thr_mma_qk=thr_mma_qk, tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv,
-            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP, acc_O=acc_O, mask=mask, pending_scale=pending_scale, pipeline_k=pipeline_k,
-            pipeline_v=pipeline_v, wg_idx=wg_idx,
+            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP, acc_O=acc_O, mask=mask,
+            pending_scale=pending_scale, pipeline_k=pipeline_k, pipeline_v=pipeline_v,
+            wg_idx=wg_idx,
         )
         scheduler = LinearTileScheduler.create(
             counts, longest_first=self.causal, persistent=self.persistent
