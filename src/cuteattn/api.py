@@ -16,6 +16,23 @@ def _requires_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def _reject_unsupported(*, dropout_p, softcap, alibi_slopes, return_attn_probs):
+    """NotImplementedError, naming the argument, for a well-formed option no kernel has yet."""
+    if dropout_p != 0:
+        raise NotImplementedError(
+            f"dropout_p={dropout_p}: dropout is not supported by any kernel yet; pass 0.0"
+        )
+    if softcap != 0.0:
+        raise NotImplementedError("softcap is not supported by any kernel yet")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes is not supported by any kernel yet; pass None")
+    if return_attn_probs:
+        raise NotImplementedError(
+            "return_attn_probs=True is not supported (no kernel writes the attention "
+            "probabilities); for the lse, pass return_lse=True, which returns (out, lse)"
+        )
+
+
 def resolve_causal(causal, window_size) -> bool:
     """The causal flag implied by (causal, window_size); local windows are not supported yet.
 
@@ -38,25 +55,50 @@ def flash_attn_func(
     q,
     k,
     v,
+    dropout_p=0.0,
     softmax_scale=None,
     causal=False,
-    window_size=(None, None),
+    window_size=(-1, -1),
     softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
     return_lse=False,
     out=None,
 ):
-    """Exact attention softmax(q k^T * softmax_scale) v.
+    """Exact attention softmax(q k^T * softmax_scale) v, in flash-attn 2's argument order.
 
     q: (batch, seqlen_q, heads_q, dim); k, v: (batch, seqlen_k, heads_kv, dim), fp16 or bf16 on
-    one CUDA device; heads_q a multiple of heads_kv (GQA / MQA). ``causal`` aligns the mask to
-    the bottom-right corner when seqlen_q != seqlen_k. ``window_size=(left, right)``, None or
-    -1 meaning unbounded. ``out``, if given, receives the result. Returns out, or (out, lse)
-    with ``return_lse``; lse is (batch, heads_q, seqlen_q) fp32, natural log. Rows that see no
-    key get out = 0 and lse = -inf.
+    one CUDA device; heads_q a multiple of heads_kv (GQA / MQA).
+
+    The positional order is flash-attn 2's, so ``flash_attn_func(q, k, v, 0.0)`` passes
+    dropout_p, not softmax_scale. ``return_lse`` and ``out`` are keyword-only.
+
+    - ``dropout_p``: a real number in [0, 1); only 0.0 is supported (NotImplementedError else).
+    - ``softmax_scale`` (> 0) defaults to dim ** -0.5.
+    - ``causal`` (a Python bool, as every flag here) aligns the mask to the bottom-right
+      corner when seqlen_q != seqlen_k.
+    - ``window_size=(left, right)``, None or -1 meaning unbounded; (-1, 0) is the causal mask.
+      Local windows are not supported yet (NotImplementedError).
+    - ``softcap``: >= 0; only 0.0 (off) is supported yet.
+    - ``alibi_slopes``: only None is supported (NotImplementedError else).
+    - ``deterministic``: accepted and checked. The forward is deterministic already (each
+      output row is reduced in one fixed order, no atomics); the flag is for the backward,
+      which is not written yet.
+    - ``return_attn_probs``: only False; flash-attn 2 returns (out, softmax_lse, S_dmask) with
+      it. Ask for the lse with ``return_lse=True`` instead.
+    - ``out``, if given, receives the result; it must not overlap q, k or v.
+
+    Returns out, or (out, lse) with ``return_lse``; lse is (batch, heads_q, seqlen_q) fp32,
+    natural log. Rows that see no key get out = 0 and lse = -inf. docs/MIGRATING.md maps
+    flash-attn 2, FlashAttention-3 and FlashAttention-4 calls to this one.
     """
+    validate.check_flag("return_lse", return_lse)
     out, lse = forward(
-        q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-        softcap=softcap, out=out,
+        q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        deterministic=deterministic, return_attn_probs=return_attn_probs, out=out,
     )
     return (out, lse) if return_lse else out
 
@@ -66,15 +108,22 @@ def forward(
     k,
     v,
     *,
+    dropout_p=0.0,
     softmax_scale=None,
     causal=False,
-    window_size=(None, None),
+    window_size=(-1, -1),
     softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
     out=None,
     family: str | None = None,
     plan: KernelPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``flash_attn_func``'s work, returning (out, lse); for tests and benchmarks.
+
+    Takes flash_attn_func's options by keyword, and checks them in the same order: every
+    TypeError / ValueError (tensors, then scalars and flags) before any NotImplementedError.
 
     ``family`` forces a kernel family by name (NotImplementedError if it cannot run the
     problem on this device); ``plan`` runs an explicit KernelPlan, which must match the inputs
@@ -82,10 +131,16 @@ def forward(
     read at call time; give at most one.
     """
     validate.check_forward(q, k, v, out)
+    validate.check_dropout(dropout_p)
     validate.check_scalars(softmax_scale, softcap)
+    validate.check_flag("causal", causal)
+    validate.check_flag("deterministic", deterministic)
+    validate.check_flag("return_attn_probs", return_attn_probs)
     causal = resolve_causal(causal, window_size)
-    if softcap != 0.0:
-        raise NotImplementedError("softcap is not supported by any kernel yet")
+    _reject_unsupported(
+        dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes,
+        return_attn_probs=return_attn_probs,
+    )
     if family is not None and plan is not None:
         raise ValueError("give family or plan, not both (a plan names its family)")
     # Unknown names and wrong types are reported before the device check.

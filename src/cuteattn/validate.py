@@ -7,6 +7,7 @@ compile, a grid too large for it) is the planner's to say, with NotImplementedEr
 """
 
 import math
+import numbers
 import operator
 
 import torch
@@ -68,6 +69,60 @@ def check_scalars(softmax_scale, softcap):
         raise ValueError(f"softcap must be finite and >= 0 (0 disables it), got {softcap}")
 
 
+def check_flag(name: str, value):
+    """A flag is a Python bool: a string, int, None, numpy or tensor bool is refused, not read."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{name} must be a Python bool (True or False), got {value!r} ({type(value).__name__})"
+        )
+
+
+def check_dropout(dropout_p):
+    """A real number in [0, 1); a bool is not a number here."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a real number in [0, 1), got {dropout_p!r}")
+    if not 0 <= dropout_p < 1:  # NaN fails too
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def byte_range(x: torch.Tensor) -> tuple[int, int]:
+    """[start, end): the bytes from x's first element to the end of its highest-addressed one.
+
+    torch strides are never negative, so the element at index 0 has the lowest address.
+    """
+    start = x.data_ptr()
+    last = sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
+    return start, start + (last + 1) * x.element_size()
+
+
+def may_share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Conservative overlap test: one storage on one device, and intersecting byte ranges.
+
+    True for every pair that shares an element, and also for interleaved views of one storage
+    that share none (e.g. q and out as buf[:, :, 0] and buf[:, :, 1] of a packed buffer):
+    deciding those exactly is not worth it here. Meta tensors hold no memory, so never overlap.
+    """
+    if a.device != b.device or a.device.type == "meta" or a.numel() == 0 or b.numel() == 0:
+        return False
+    # Two live storages on one device with one base address are one allocation.
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a_start, a_end = byte_range(a)
+    b_start, b_end = byte_range(b)
+    return a_start < b_end and b_start < a_end
+
+
+def check_out_overlap(out, q, k, v):
+    """out must not share memory with an input: the kernel would read what it has written."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if may_share_memory(out, x):
+            raise ValueError(
+                f"out must not overlap {name}: they are views of one storage whose byte ranges "
+                "intersect (the test is conservative: interleaved views that share no element "
+                "are refused too); pass a separate buffer"
+            )
+
+
 def check_forward(q, k, v, out=None):
     """Structural checks of q, k, v (batch, seqlen, heads, dim) and an optional out."""
     layout = "(batch, seqlen, heads, dim)"
@@ -123,6 +178,7 @@ def check_forward(q, k, v, out=None):
                 f"{ALIGN_BYTES // out.element_size()} elements (16 bytes) and a 16-byte aligned "
                 f"start; got strides {out.stride()}"
             )
+        check_out_overlap(out, q, k, v)
 
 
 def check_devices(q, k, v, out=None):
