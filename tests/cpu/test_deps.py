@@ -20,6 +20,59 @@ def test_floors_come_from_project_metadata():
     assert "apache-tvm-ffi" in floors and "torch" in floors
 
 
+def test_a_capped_requirement_gives_its_floor_in_either_clause_order():
+    """pyproject writes '>=4.8.1,<4.9'; installed metadata writes '<4.9,>=4.8.1'."""
+    for requirement in (
+        "nvidia-cutlass-dsl>=4.8.1,<4.9",
+        "nvidia-cutlass-dsl<4.9,>=4.8.1",
+        "nvidia-cutlass-dsl >= 4.8.1 , < 4.9",
+        "nvidia-cutlass-dsl (<4.9,>=4.8.1)",
+    ):
+        assert deps.requirement_floor(requirement) == ("nvidia-cutlass-dsl", "4.8.1"), requirement
+    assert deps.requirement_floor("apache-tvm-ffi<0.2,>=0.1.15") == ("apache-tvm-ffi", "0.1.15")
+    assert deps.requirement_floor("Apache_TVM.FFI~=0.1.15") == ("apache-tvm-ffi", "0.1.15")
+    assert deps.requirement_floor("torch==2.13.0") == ("torch", "2.13.0")
+    assert deps.requirement_floor("torch==2.*") == ("torch", None)
+    assert deps.requirement_floor("apache-tvm-ffi<0.2") == ("apache-tvm-ffi", None)
+    assert deps.requirement_floor("pytest") == ("pytest", None)
+
+
+def test_extras_are_parsed_and_extra_only_requirements_do_not_gate_compiling(monkeypatch):
+    assert deps.requirement_floor("nvidia-cutlass-dsl[cu13]<4.9,>=4.8.1") == (
+        "nvidia-cutlass-dsl", "4.8.1")
+    assert deps.requirement_floor("nvidia-cutlass-dsl [cu13, qnx] >=4.8.1,<4.9") == (
+        "nvidia-cutlass-dsl", "4.8.1")
+    assert deps.requirement_floor('nvidia-cutlass-dsl[cu13]<4.9,>=4.8.1; extra == "cu13"') == (
+        "nvidia-cutlass-dsl", "4.8.1")
+    # What importlib.metadata.requires returns for an install with the extras declared.
+    metadata_requires = [
+        "torch>=2.4",
+        "nvidia-cutlass-dsl<4.9,>=4.8.1",
+        "apache-tvm-ffi<0.2,>=0.1.15",
+        'nvidia-cutlass-dsl<4.9,>=4.8.1; extra == "cu12"',
+        'nvidia-cutlass-dsl[cu13]<4.9,>=4.9.0; extra == "cu13"',
+        'pytest>=8; extra == "test"',
+    ]
+    monkeypatch.setattr(deps, "_declared_requirements", lambda: metadata_requires)
+    assert deps.declared_floors() == {
+        "torch": "2.4", "nvidia-cutlass-dsl": "4.8.1", "apache-tvm-ffi": "0.1.15",
+    }
+
+
+def test_cuda_extras_repeat_the_base_dsl_requirement():
+    """`pip install cuteattn[cu12]` / `[cu13]` must not loosen or shift the DSL floor and cap."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]
+    base = [r for r in project["dependencies"] if r.startswith("nvidia-cutlass-dsl")]
+    assert len(base) == 1 and base[0].startswith("nvidia-cutlass-dsl>=")  # no CUDA extra forced
+    extras = project["optional-dependencies"]
+    assert extras["cu12"] == base
+    assert extras["cu13"] == [base[0].replace("nvidia-cutlass-dsl", "nvidia-cutlass-dsl[cu13]")]
+    # The DSL and tvm-ffi are capped below their next minor (pyproject says why).
+    tvm_ffi = [r for r in project["dependencies"] if r.startswith("apache-tvm-ffi")]
+    assert all("<" in r for r in base + tvm_ffi) and len(tvm_ffi) == 1
+
+
 def test_too_old_and_missing_packages_are_named_with_the_upgrade_command():
     floors = {"nvidia-cutlass-dsl": "4.8.1", "torch": "2.4", "apache-tvm-ffi": "0.1.15"}
     installed = {"nvidia-cutlass-dsl": "4.7.0", "torch": "2.11.0+cu130", "apache-tvm-ffi": None}
