@@ -42,3 +42,11 @@ def fake_forward_args(plan: KernelPlan) -> tuple:
         assumed_align=4,
     )
     return q, k, v, out, lse
+
+
+def check_operand_dtypes(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor):
+    """Trace-time check in a kernel's ``__call__``: one dtype for q, k, v and out."""
+    if not (mQ.element_type == mK.element_type == mV.element_type):
+        raise TypeError("q, k and v must share one dtype")
+    if mO.element_type != mQ.element_type:
+        raise TypeError("out must have the dtype of q")

@@ -37,6 +37,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
 from cuteattn.kernels.common.block_info import BlockInfo
+from cuteattn.kernels.common.compile_args import check_operand_dtypes
 from cuteattn.kernels.common.epilogue import store_lse, store_o
 from cuteattn.kernels.common.fragments import tile_coords
 from cuteattn.kernels.common.mask import AttentionMask
@@ -119,10 +120,7 @@ class FlashForwardSm80:
         max_ctas: Int32,  # CTAs resident at once; unused: this kernel launches a CTA per tile
         stream,
     ):
-        if cutlass.const_expr(not (mQ.element_type == mK.element_type == mV.element_type)):
-            raise TypeError("q, k and v must share one dtype")
-        if cutlass.const_expr(mO.element_type != mQ.element_type):
-            raise TypeError("out must have the dtype of q")
+        check_operand_dtypes(mQ, mK, mV, mO)
 
         # Shared memory: swizzled K-major tiles; O reuses the Q buffer in the epilogue.
         tile_atom = smem_tile_atom(self.dtype, self.head_dim)

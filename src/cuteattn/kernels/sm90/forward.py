@@ -44,9 +44,10 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as hopper
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 from cuteattn.kernels.common.block_info import BlockInfo
+from cuteattn.kernels.common.compile_args import check_operand_dtypes
 from cuteattn.kernels.common.epilogue import store_lse
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.mask import AttentionMask
@@ -135,10 +136,7 @@ class FlashForwardSm90:
         max_ctas: Int32,  # CTAs resident at once (the SM count): a persistent kernel's grid
         stream,
     ):
-        if cutlass.const_expr(not (mQ.element_type == mK.element_type == mV.element_type)):
-            raise TypeError("q, k and v must share one dtype")
-        if cutlass.const_expr(mO.element_type != mQ.element_type):
-            raise TypeError("out must have the dtype of q")
+        check_operand_dtypes(mQ, mK, mV, mO)
         counts = make_linear_tile_counts(
             seqlen_q=mQ.shape[1], seqlen_k=mK.shape[1], tile_m=self.tile_m,
             num_heads=mQ.shape[2], num_batches=mQ.shape[0],
@@ -185,8 +183,8 @@ class FlashForwardSm90:
         tiled_mma_qk = hopper.make_trivial_tiled_mma(
             self.dtype,
             self.dtype,
-            warpgroup.OperandMajorMode.K,
-            warpgroup.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
             Float32,
             atom_layout_mnk=(self.num_consumer_wgs, 1, 1),
             tiler_mn=(64, self.tile_n),
@@ -194,8 +192,8 @@ class FlashForwardSm90:
         tiled_mma_pv = hopper.make_trivial_tiled_mma(
             self.dtype,
             self.dtype,
-            warpgroup.OperandMajorMode.K,
-            warpgroup.OperandMajorMode.MN,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.MN,
             Float32,
             atom_layout_mnk=(self.num_consumer_wgs, 1, 1),
             tiler_mn=(64, self.head_dim),
@@ -261,36 +259,10 @@ class FlashForwardSm90:
             for atom in (tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o):
                 cpasync.prefetch_descriptor(atom)
 
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
-        producer_warp = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        # One arrive per consumer warp releases a buffer (PipelineTmaAsync elects a lane).
-        consumer_warps = pipeline.CooperativeGroup(
-            pipeline.Agent.Thread, self.num_consumer_threads // 32
-        )
-        pipeline_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(),
-            num_stages=1,
-            producer_group=producer_warp,
-            consumer_group=consumer_warps,
-            tx_count=tile_bytes_q,
-            defer_sync=True,
-        )
-        pipeline_k = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_k.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=producer_warp,
-            consumer_group=consumer_warps,
-            tx_count=tile_bytes_kv,
-            defer_sync=True,
-        )
-        pipeline_v = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_v.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=producer_warp,
-            consumer_group=consumer_warps,
-            tx_count=tile_bytes_kv,
-            defer_sync=True,
-        )
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), 1, tile_bytes_q)
+        pipeline_k = self.tma_pipeline(storage.mbar_k.data_ptr(), self.num_stages, tile_bytes_kv)
+        pipeline_v = self.tma_pipeline(storage.mbar_v.data_ptr(), self.num_stages, tile_bytes_kv)
         pipeline.pipeline_init_arrive()
         pipeline.pipeline_init_wait()
 
@@ -316,6 +288,21 @@ class FlashForwardSm90:
                 mO, mLSE, sQ, sK, sV, sO, tma_atom_o, tiled_mma_qk, tiled_mma_pv,
                 pipeline_q, pipeline_k, pipeline_v, scale_log2, counts, block_info, seqlen,
             )
+
+    def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
+        """A ring of ``num_stages`` buffers that the producer warp fills by TMA (``tile_bytes``
+        per stage) and the consumer warps release, one arrive per warp (PipelineTmaAsync
+        elects a lane). Barrier init is fenced once for all rings (pipeline_init_*)."""
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers,
+            num_stages=num_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.num_consumer_threads // 32
+            ),
+            tx_count=tile_bytes,
+            defer_sync=True,
+        )
 
     # ---- Producer: TMA loads ------------------------------------------------------------------
 
