@@ -37,6 +37,7 @@ Profile with ``ncu --clock-control none python -m cuteattn.bench --dims 128``.
 """
 
 import math
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -83,6 +84,26 @@ def _transposed(tensor: cute.Tensor) -> cute.Tensor:
 
 def _permuted(tensor: cute.Tensor, modes: list[int]) -> cute.Tensor:
     return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=modes))
+
+
+class Mainloop(NamedTuple):
+    """What a consumer warpgroup's key-tile steps use, set up once per kernel: its MMA
+    partitions and operand views, the O accumulator, the held-back O rescale factors, the mask
+    and the K / V pipelines."""
+
+    thr_mma_qk: cute.ThrMma
+    tiled_mma_qk: cute.TiledMma
+    tiled_mma_pv: cute.TiledMma
+    tSrQ: cute.Tensor  # Q, shared memory, as the A operand of S = Q K^T
+    tSrK: cute.Tensor  # K stages, the B operand
+    tOrVt: cute.Tensor  # V^T stages, the B operand of O += P V
+    tOrP: cute.Tensor  # P in registers, the A operand
+    acc_O: cute.Tensor
+    pending_scale: cute.Tensor  # O rescale held back to the next P V (rescale_o_before_pv)
+    mask: AttentionMask
+    pipeline_k: pipeline.PipelineAsync
+    pipeline_v: pipeline.PipelineAsync
+    wg_idx: Int32
 
 
 class FlashForwardSm90:
@@ -442,7 +463,6 @@ class FlashForwardSm90:
         )
         num_rows = cute.size(acc_as_rows_cols(acc_O), mode=[0])
         mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
-        # O rescale factors held back to the next P V (rescale_o_before_pv).
         pending_scale = cute.make_rmem_tensor(num_rows, Float32)
 
         if cutlass.const_expr(self.pingpong):
@@ -455,10 +475,10 @@ class FlashForwardSm90:
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        step = dict(
+        loop = Mainloop(
             thr_mma_qk=thr_mma_qk, tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv,
-            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP, acc_O=acc_O, mask=mask,
-            pending_scale=pending_scale, pipeline_k=pipeline_k, pipeline_v=pipeline_v,
+            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP, acc_O=acc_O,
+            pending_scale=pending_scale, mask=mask, pipeline_k=pipeline_k, pipeline_v=pipeline_v,
             wg_idx=wg_idx,
         )
         scheduler = LinearTileScheduler.create(
@@ -468,7 +488,7 @@ class FlashForwardSm90:
         tile_args = dict(
             mO=mO, mLSE=mLSE, sO=sO, tma_atom_o=tma_atom_o, pipeline_q=pipeline_q,
             scale_log2=scale_log2, block_info=block_info, seqlen=seqlen, tidx=tidx,
-            num_rows=num_rows, step=step,
+            num_rows=num_rows, loop=loop,
         )
         if cutlass.const_expr(self.persistent):
             while work.is_valid:
@@ -482,13 +502,10 @@ class FlashForwardSm90:
     @cute.jit
     def consume_tile(
         self, work: WorkTile, q_state, kv_state, *, mO, mLSE, sO, tma_atom_o, pipeline_q,
-        scale_log2, block_info, seqlen, tidx, num_rows: cutlass.Constexpr[int], step,
+        scale_log2, block_info, seqlen, tidx, num_rows: cutlass.Constexpr[int], loop: Mainloop,
     ):
         """One work tile: the key tiles, then the epilogue; returns the advanced states."""
-        acc_O = step["acc_O"]
-        thr_mma_qk = step["thr_mma_qk"]
-        tiled_mma_pv = step["tiled_mma_pv"]
-        pending_scale = step["pending_scale"]
+        acc_O, thr_mma_qk, pending_scale = loop.acc_O, loop.thr_mma_qk, loop.pending_scale
         m_block = work.m_block
         _, n_block_max = block_info.n_block_min_max(seqlen, m_block)
         # Key tiles below the first one: those crossing the diagonal, then unmasked ones.
@@ -503,22 +520,22 @@ class FlashForwardSm90:
         if n_block_max > 0:
             pipeline_q.consumer_wait(q_state)
             kv_state = self.first_tile(
-                kv_state, n_block_max - 1, m_block=m_block, softmax=softmax, **step
+                loop, kv_state, n_block_max - 1, m_block=m_block, softmax=softmax
             )
             for i in cutlass.range(num_causal_tiles, unroll=1):
                 kv_state = self.next_tile(
-                    kv_state, n_block_max - 2 - i, m_block=m_block, mask_causal=True,
-                    softmax=softmax, **step,
+                    loop, kv_state, n_block_max - 2 - i, m_block=m_block, mask_causal=True,
+                    softmax=softmax,
                 )
             for i in cutlass.range(num_unmasked_tiles, unroll=1):
                 kv_state = self.next_tile(
-                    kv_state, num_unmasked_tiles - 1 - i, m_block=m_block,
-                    mask_causal=False, softmax=softmax, **step,
+                    loop, kv_state, num_unmasked_tiles - 1 - i, m_block=m_block,
+                    mask_causal=False, softmax=softmax,
                 )
             if cutlass.const_expr(self.persistent):
                 # Q is read by no GEMM after the last S: let the next tile's Q load.
                 pipeline_q.consumer_release(q_state)
-            kv_state = self.last_pv(kv_state, softmax=softmax, **step)
+            kv_state = self.last_pv(loop, kv_state)
             if cutlass.const_expr(not self.persistent):
                 pipeline_q.consumer_release(q_state)
             q_state.advance()
@@ -535,7 +552,7 @@ class FlashForwardSm90:
         gO = cute.local_tile(
             mO[None, None, work.head, work.batch], (self.tile_m, self.head_dim), (m_block, 0)
         )
-        self.store_o(gO, acc_O, sO, tma_atom_o, tiled_mma_pv, tidx)
+        self.store_o(gO, acc_O, sO, tma_atom_o, loop.tiled_mma_pv, tidx)
         return q_state, kv_state
 
     @cute.jit
@@ -598,32 +615,37 @@ class FlashForwardSm90:
 
     @cute.jit
     def first_tile(
-        self, kv_state, n_block: Int32, *, m_block: Int32, thr_mma_qk, tiled_mma_qk,
-        tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, softmax, mask, pending_scale, pipeline_k,
-        pipeline_v, wg_idx,
+        self, loop: Mainloop, kv_state, n_block: Int32, *, m_block: Int32,
+        softmax: OnlineSoftmax,
     ):
         """The last visible key tile: seqlen (and causal) mask, the softmax initialised."""
-        pipeline_k.consumer_wait(kv_state)
-        self.scheduler_sync(wg_idx)
-        acc_S = self.qk_gemm(tiled_mma_qk, tSrQ, tSrK, kv_state.index, wait_groups=0)
-        self.scheduler_arrive(wg_idx)
-        pipeline_k.consumer_release(kv_state)
-        self.scores_to_probs(
-            acc_S, n_block, thr_mma_qk=thr_mma_qk, softmax=softmax, mask=mask, m_block=m_block,
-            is_first=True, mask_seqlen=True, mask_causal=self.causal,
+        loop.pipeline_k.consumer_wait(kv_state)
+        self.scheduler_sync(loop.wg_idx)
+        acc_S = self.qk_gemm(
+            loop.tiled_mma_qk, loop.tSrQ, loop.tSrK, kv_state.index, wait_groups=0
         )
-        self.store_p(acc_S, tOrP)
+        self.scheduler_arrive(loop.wg_idx)
+        loop.pipeline_k.consumer_release(kv_state)
+        self.scores_to_probs(
+            acc_S, n_block, thr_mma_qk=loop.thr_mma_qk, softmax=softmax, mask=loop.mask,
+            m_block=m_block, is_first=True, mask_seqlen=True, mask_causal=self.causal,
+        )
+        self.store_p(acc_S, loop.tOrP)
         return kv_state
 
     @cute.jit
     def next_tile(
-        self, kv_state, n_block: Int32, *, m_block: Int32, mask_causal: cutlass.Constexpr[bool],
-        thr_mma_qk, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, softmax, mask,
-        pending_scale, pipeline_k, pipeline_v, wg_idx,
+        self, loop: Mainloop, kv_state, n_block: Int32, *, m_block: Int32,
+        softmax: OnlineSoftmax, mask_causal: cutlass.Constexpr[bool],
     ):
         """One key tile after the first. kv_state is the stage whose V (of the previous key
         tile) is still to be multiplied: S(n) is issued before P(n + 1) V(n + 1), and the
         softmax of S(n) runs while that P V is in flight."""
+        thr_mma_qk, tiled_mma_qk = loop.thr_mma_qk, loop.tiled_mma_qk
+        tiled_mma_pv = loop.tiled_mma_pv
+        tSrQ, tSrK, tOrVt, tOrP = loop.tSrQ, loop.tSrK, loop.tOrVt, loop.tOrP
+        acc_O, pending_scale, mask = loop.acc_O, loop.pending_scale, loop.mask
+        pipeline_k, pipeline_v, wg_idx = loop.pipeline_k, loop.pipeline_v, loop.wg_idx
         v_state = kv_state.clone()
         kv_state.advance()
         pipeline_k.consumer_wait(kv_state)
@@ -651,11 +673,10 @@ class FlashForwardSm90:
         return kv_state
 
     @cute.jit
-    def last_pv(
-        self, kv_state, *, thr_mma_qk, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
-        acc_O, softmax, mask, pending_scale, pipeline_k, pipeline_v, wg_idx,
-    ):
+    def last_pv(self, loop: Mainloop, kv_state):
         """O += P V for the last key tile, which the overlapped loop leaves pending."""
+        tiled_mma_pv, tOrVt, tOrP = loop.tiled_mma_pv, loop.tOrVt, loop.tOrP
+        acc_O, pending_scale, pipeline_v = loop.acc_O, loop.pending_scale, loop.pipeline_v
         if cutlass.const_expr(self.rescale_o_before_pv):
             rescale_rows(acc_O, pending_scale)
         pipeline_v.consumer_wait(kv_state)
