@@ -4,6 +4,12 @@ Checks run before any kernel launch and never synchronise with the GPU. Structur
 (types, ranks, dtypes, shapes) come before device checks, so a wrong shape is reported as such
 whatever device the tensors are on. What a kernel family cannot do (a head dim it does not
 compile, a grid too large for it) is the planner's to say, with NotImplementedError.
+
+The checks that read addresses (``check_out_memory``: out's 16-byte aligned start, out not
+overlapping q, k or v) need tensors with memory. ``check_forward`` runs them only then
+(``has_memory``): not on fake tensors (torch.compile's tracing, FakeTensorMode) nor on meta
+ones. The forward custom op (cuteattn.ops) runs them again on the real tensors before it
+launches, which is what covers a compiled call.
 """
 
 import math
@@ -11,6 +17,7 @@ import numbers
 import operator
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Kernels move rows in 16-byte accesses (cp.async, TMA, 128-bit stores).
@@ -61,11 +68,13 @@ def check_scalars(softmax_scale, softcap):
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
             raise TypeError(f"softmax_scale must be a float or None, got {softmax_scale!r}")
-        if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        # Comparisons rather than math.isfinite, which torch.compile(dynamic=True) cannot trace
+        # on the symbolic floats it makes of float arguments. NaN fails both.
+        if not 0 < softmax_scale < math.inf:
             raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise TypeError(f"softcap must be a float, got {softcap!r}")
-    if not math.isfinite(softcap) or softcap < 0:
+    if not 0 <= softcap < math.inf:
         raise ValueError(f"softcap must be finite and >= 0 (0 disables it), got {softcap}")
 
 
@@ -172,13 +181,10 @@ def check_forward(q, k, v, out=None):
             raise ValueError(
                 f"out must not have overlapping elements (a stride of 0), got strides {out.stride()}"
             )
-        if not kernel_addressable(out):
-            raise ValueError(
-                "out must have a contiguous last dim, other strides that are multiples of "
-                f"{ALIGN_BYTES // out.element_size()} elements (16 bytes) and a 16-byte aligned "
-                f"start; got strides {out.stride()}"
-            )
-        check_out_overlap(out, q, k, v)
+        if has_memory(out, q, k, v):
+            check_out_memory(out, q, k, v)
+        elif not _strides_addressable(out):
+            raise _out_not_addressable(out)
 
 
 def check_devices(q, k, v, out=None):
@@ -190,14 +196,50 @@ def check_devices(q, k, v, out=None):
         raise ValueError(f"q, k and v must be on a CUDA device, got {q.device}")
 
 
-def kernel_addressable(x: torch.Tensor) -> bool:
-    """True when the kernel can read x in place: contiguous last dim, 16-byte aligned rows."""
+def has_memory(*tensors: torch.Tensor) -> bool:
+    """Whether the tensors hold memory whose addresses can be read.
+
+    False while torch.compile traces (dynamo's tensors are fake), for fake tensors
+    (FakeTensorMode, the fake implementation of an op) and for meta tensors.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    return not any(is_fake(x) or x.device.type == "meta" for x in tensors)
+
+
+def _out_not_addressable(out: torch.Tensor) -> ValueError:
+    return ValueError(
+        "out must have a contiguous last dim, other strides that are multiples of "
+        f"{ALIGN_BYTES // out.element_size()} elements (16 bytes) and a 16-byte aligned "
+        f"start; got strides {out.stride()}"
+    )
+
+
+def check_out_memory(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """out's checks that read addresses: kernel-addressable (aligned start), no overlap.
+
+    Tensors with memory only (``has_memory``). ``check_forward`` calls it for eager calls, so
+    its errors come in the documented order; the forward custom op calls it again on the real
+    tensors it gets, the first real ones a torch.compile'd call sees.
+    """
+    if not kernel_addressable(out):
+        raise _out_not_addressable(out)
+    check_out_overlap(out, q, k, v)
+
+
+def _strides_addressable(x: torch.Tensor) -> bool:
     # Strides of size-1 dims count too: the compiled kernel declares every stride 16-byte
     # divisible, which a fresh compact copy satisfies when dim % 8 == 0.
     align_elems = ALIGN_BYTES // x.element_size()
-    if x.stride(-1) != 1 or any(s % align_elems for s in x.stride()[:-1]):
-        return False
-    return x.data_ptr() % ALIGN_BYTES == 0
+    return x.stride(-1) == 1 and not any(s % align_elems for s in x.stride()[:-1])
+
+
+def kernel_addressable(x: torch.Tensor) -> bool:
+    """True when the kernel can read x in place: contiguous last dim, 16-byte aligned rows.
+
+    Reads x's address: for tensors with memory only (``has_memory``).
+    """
+    return _strides_addressable(x) and x.data_ptr() % ALIGN_BYTES == 0
 
 
 def kernel_ready(x: torch.Tensor) -> torch.Tensor:
