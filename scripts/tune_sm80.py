@@ -46,6 +46,7 @@ def main():
             torch.randn(batch, seqlen, heads, dim, device="cuda", dtype=torch.bfloat16)
             for _ in range(3)
         )
+        out = torch.empty_like(q)
         calls = {}
         for tile_m, tile_n, threads in CANDIDATES[dim]:
             if not tiling.can_implement(dim, tile_m, tile_n, threads, arch.smem_per_block):
@@ -55,7 +56,7 @@ def main():
                 tile_m=tile_m, tile_n=tile_n, num_threads=threads,
             )
             calls[f"{tile_m}x{tile_n}/{threads}"] = (
-                lambda plan=plan: ops.forward(q, k, v, None, dim**-0.5, plan)
+                lambda plan=plan: ops.launch_forward(q, k, v, out, dim**-0.5, plan)
             )
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 

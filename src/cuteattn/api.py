@@ -1,15 +1,20 @@
 """Public entry points with flash-attn's argument names and (batch, seqlen, heads, dim) layout.
 
-Normalise arguments -> validate -> plan -> ops. No DSL code here. ``forward`` is the internal
-entry that ``flash_attn_func`` calls; tests and the benchmark call it to force a kernel family
-or run an explicit plan.
+Normalise arguments -> validate -> ops. No DSL code here. ``forward`` is the internal entry
+that ``flash_attn_func`` calls; tests and the benchmark call it to force a kernel family or run
+an explicit plan.
+
+The work goes through one custom op, ``torch.ops.cuteattn.forward`` (cuteattn.ops), which
+plans inside; torch.compile traces the code here on fake tensors (``fullgraph=True`` holds)
+and records that op. An explicit ``plan=`` cannot cross the op's schema: it is checked here
+and launched directly. Both overrides of ``forward`` (``family=``, ``plan=``) are for eager
+calls: checking a family name loads the family modules, which dynamo does not trace.
 """
 
 import torch
 
 from cuteattn import ops, validate
-from cuteattn.plan import KernelPlan, Problem, check_plan, get_family, plan_forward
-from cuteattn.runtime.arch import device_arch
+from cuteattn.plan import KernelPlan, check_plan, get_family
 
 
 def _requires_grad(*tensors) -> bool:
@@ -156,22 +161,20 @@ def forward(
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
 
-    q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
-    batch, seqlen_q, heads_q, dim = q.shape
-    problem = Problem(
-        batch=batch,
-        seqlen_q=seqlen_q,
-        seqlen_k=k.shape[1],
-        heads_q=heads_q,
-        heads_kv=k.shape[2],
-        head_dim=dim,
-        head_dim_v=v.shape[3],
-        dtype=validate.DTYPES[q.dtype],
-        causal=causal,
-        arch=device_arch(q.device),
-    )
-    if plan is None:
-        plan = plan_forward(problem, family=family)
-    else:
-        check_plan(plan, problem)
-    return ops.forward(q, k, v, out, float(softmax_scale), plan)
+    softmax_scale = float(softmax_scale)
+    if plan is not None:
+        # A KernelPlan cannot cross the op's schema: an explicit plan is launched directly.
+        check_plan(plan, ops.forward_problem(q, k, v, causal=causal))
+        out = _out_or_new(out, q, v)
+        q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
+        return out, ops.launch_forward(q, k, v, out, softmax_scale, plan)
+    out = _out_or_new(out, q, v)
+    return out, ops.forward(q, k, v, out, softmax_scale, causal, family)
+
+
+def _out_or_new(out, q, v) -> torch.Tensor:
+    """The caller's out, or a new one: the op writes into out and returns only lse, so it never
+    returns an alias of an input."""
+    if out is not None:
+        return out
+    return torch.empty(ops.out_shape(q, v), dtype=q.dtype, device=q.device)

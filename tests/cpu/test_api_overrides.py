@@ -1,5 +1,6 @@
-"""api.forward's family and plan overrides, on the CPU: the launch is replaced by a recorder, so
-these test what reaches ops.forward (the plan), not the kernel."""
+"""api.forward's family and plan overrides, on the CPU: the launch (ops.launch_forward, which the
+custom op and the explicit-plan path both call) is replaced by a recorder, so these test what
+reaches the launch (the plan), not the kernel."""
 
 import dataclasses
 
@@ -21,17 +22,16 @@ def qkv(dim=64, dtype=torch.bfloat16):
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Pretend the CPU tensors are on an sm_90a device; record the plans ops.forward gets."""
+    """Pretend the CPU tensors are on an sm_90a device; record the plans the launch gets."""
     plans = []
 
-    def fake_forward(q, k, v, out, softmax_scale, plan):
+    def fake_launch(q, k, v, out, softmax_scale, plan):
         plans.append(plan)
-        lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
-        return torch.zeros_like(q) if out is None else out, lse
+        return torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
     monkeypatch.setenv(ARCH_ENV, "sm_90a")
     monkeypatch.setattr(api.validate, "check_devices", lambda *tensors: None)
-    monkeypatch.setattr(api.ops, "forward", fake_forward)
+    monkeypatch.setattr(api.ops, "launch_forward", fake_launch)
     return plans
 
 

@@ -1,7 +1,7 @@
 """flash_attn_func's drop-in signature (flash-attn 2's positional order), flag and dropout
 checks, the unsupported options, and the rule that out must not overlap q, k or v.
 
-On the CPU: the launch (api.ops.forward) is replaced by a recorder and CUTEATTN_ARCH names the
+On the CPU: the launch (api.ops.launch_forward) is replaced by a recorder and CUTEATTN_ARCH names the
 arch, so these test what reaches the launch (plan, scale, out), not the kernel.
 """
 
@@ -34,17 +34,16 @@ def qkv(dim=64, dtype=torch.bfloat16):
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Pretend the CPU tensors are on an sm_90a device; record what ops.forward gets."""
+    """Pretend the CPU tensors are on an sm_90a device; record what the launch gets."""
     calls = []
 
-    def fake_forward(q, k, v, out, softmax_scale, plan):
+    def fake_launch(q, k, v, out, softmax_scale, plan):
         calls.append({"plan": plan, "softmax_scale": softmax_scale, "out": out})
-        lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
-        return torch.zeros_like(q) if out is None else out, lse
+        return torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
     monkeypatch.setenv(ARCH_ENV, "sm_90a")
     monkeypatch.setattr(api.validate, "check_devices", lambda *tensors: None)
-    monkeypatch.setattr(api.ops, "forward", fake_forward)
+    monkeypatch.setattr(api.ops, "launch_forward", fake_launch)
     return calls
 
 
