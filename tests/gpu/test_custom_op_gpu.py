@@ -1,0 +1,68 @@
+"""The forward custom op on the GPU: opcheck with the real kernel, torch.compile (inductor,
+fullgraph) bitwise equal to eager, and a CUDA graph capture of a warmed-up call.
+
+tests/cpu/test_custom_op.py checks the same registration on the CPU with a stand-in launch;
+these run the kernels.
+"""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def _qkv(batch=2, seqlen_q=300, seqlen_k=500, heads_q=8, heads_kv=2, dim=128):
+    q = torch.randn(batch, seqlen_q, heads_q, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, heads_kv, dim, device="cuda", dtype=torch.bfloat16)
+    return q, k, torch.randn_like(k)
+
+
+def _attention(q, k, v, causal, out=None):
+    import cuteattn
+
+    return cuteattn.flash_attn_func(q, k, v, causal=causal, out=out, return_lse=True)
+
+
+@pytest.mark.parametrize("causal", (False, True))
+def test_opcheck_with_the_kernel(causal):
+    q, k, v = _qkv()
+    op = torch.ops.cuteattn.forward.default
+    torch.library.opcheck(op, (q, k, v, torch.empty_like(q), 128**-0.5, causal, None))
+
+
+@pytest.mark.parametrize("causal", (False, True))
+def test_compiled_forward_is_bitwise_eager(causal):
+    from cuteattn.testing import poison_like
+
+    q, k, v = _qkv()
+    expected, expected_lse = _attention(q, k, v, causal)
+    compiled = torch.compile(_attention, fullgraph=True)
+    out, lse = compiled(q, k, v, causal)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    given = poison_like(q)
+    out, lse = compiled(q, k, v, causal, given)
+    assert out is given and torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+def test_compiled_forward_with_dynamic_seqlens():
+    torch._dynamo.reset()
+    compiled = torch.compile(_attention, fullgraph=True, dynamic=True)
+    for seqlen_q, seqlen_k in ((128, 256), (77, 1000), (1, 4096)):
+        q, k, v = _qkv(seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+        expected, expected_lse = _attention(q, k, v, True)
+        out, lse = compiled(q, k, v, True)
+        assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+def test_cuda_graph_replays_a_warmed_up_call():
+    """Warm up first: the first call of a plan compiles its kernel, which is no graph work."""
+    q, k, v = _qkv()
+    expected, expected_lse = _attention(q, k, v, True)
+    out = torch.empty_like(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = _attention(q, k, v, True, out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
