@@ -56,5 +56,8 @@ class AttentionMask:
                 if cutlass.const_expr(mask_seqlen):
                     col_limit = cutlass.min(col_limit, col_limit_seqlen)
                 for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
-                    if coords_t0[0, c][1] >= col_limit:
-                        scores[r, c] = -Float32.inf
+                    # A select, not an `if` statement: a runtime `if` becomes a branch that
+                    # carries every score written so far (~2000 selects per tile, not 64).
+                    scores[r, c] = (
+                        -Float32.inf if coords_t0[0, c][1] >= col_limit else scores[r, c]
+                    )

@@ -47,16 +47,20 @@ def quad_allreduce_sum(value: Float32) -> Float32:
 ILP_CHAINS = 4
 
 
-def row_reduce(values: cute.Tensor, combine, init: Float32) -> Float32:
-    """combine() over a register row, in ILP_CHAINS independent chains.
+def row_reduce(values: cute.Tensor, combine, init: Float32 | None = None) -> Float32:
+    """combine() over a register row (and ``init``), in ILP_CHAINS independent chains.
 
     One chain over a row (TensorSSA.reduce) is a sequence of dependent FMNMX / FADD, bound by
-    their latency; four chains keep the pipes busy and cost the same instruction count. Plain
-    Python (traced inside the caller's jit): the loops unroll at trace time.
+    their latency; four chains keep the pipes busy and cost the same instruction count. ``init``
+    heads the first chain, so whatever produces it is needed early and gets scheduled early
+    (the O rescale factor, for the running sum). Plain Python (traced inside the caller's
+    jit): the loops unroll at trace time.
     """
     n = cute.size(values)
     chains = min(ILP_CHAINS, n)
     partial = [values[i] for i in range(chains)]
+    if init is not None:
+        partial[0] = combine(init, partial[0])
     for i in range(chains, n):
         partial[i % chains] = combine(partial[i % chains], values[i])
     while len(partial) > 1:
@@ -64,7 +68,7 @@ def row_reduce(values: cute.Tensor, combine, init: Float32) -> Float32:
             combine(partial[i], partial[i + 1]) if i + 1 < len(partial) else partial[i]
             for i in range(0, len(partial), 2)
         ]
-    return combine(partial[0], init)
+    return partial[0]
 
 
 def _add(a, b):
@@ -96,15 +100,14 @@ class OnlineSoftmax:
             max_scaled = safe_max * self.scale_log2
             probs = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
             scores[r, None] = probs
-            tile_sum = row_reduce(scores[r, None], _add, Float32.zero)
             if cutlass.const_expr(is_first):
                 row_scale[r] = Float32(1.0)
-                self.row_sum[r] = tile_sum
+                self.row_sum[r] = row_reduce(scores[r, None], _add)
             else:
                 # The difference first: equal maxima rescale by exactly 1 (module docstring).
                 scale = cute.math.exp2((prev_max - safe_max) * self.scale_log2, fastmath=True)
                 row_scale[r] = scale
-                self.row_sum[r] = self.row_sum[r] * scale + tile_sum
+                self.row_sum[r] = row_reduce(scores[r, None], _add, self.row_sum[r] * scale)
             self.row_max[r] = new_max
         return row_scale
 

@@ -49,6 +49,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_operand_dtypes
+from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.epilogue import store_lse
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.mask import AttentionMask
@@ -592,7 +593,7 @@ class FlashForwardSm90:
         The WGMMA accumulator of an m64nN tile and the register A operand of an m64nNk16 MMA
         share the thread -> element mapping, so the conversion is element-wise.
         """
-        tOrP.store(acc_S.load().to(self.dtype))
+        convert_packed(acc_S, tOrP)
 
     def scheduler_sync(self, wg_idx):
         if cutlass.const_expr(self.pingpong):
@@ -619,12 +620,12 @@ class FlashForwardSm90:
         softmax: OnlineSoftmax,
     ):
         """The last visible key tile: seqlen (and causal) mask, the softmax initialised."""
+        # Outside the ping-pong: this GEMM waits for itself, and ptxas would sink the arrive
+        # past the whole softmax below, holding the other warpgroup back once per work tile.
         loop.pipeline_k.consumer_wait(kv_state)
-        self.scheduler_sync(loop.wg_idx)
         acc_S = self.qk_gemm(
             loop.tiled_mma_qk, loop.tSrQ, loop.tSrK, kv_state.index, wait_groups=0
         )
-        self.scheduler_arrive(loop.wg_idx)
         loop.pipeline_k.consumer_release(kv_state)
         self.scores_to_probs(
             acc_S, n_block, thr_mma_qk=loop.thr_mma_qk, softmax=softmax, mask=loop.mask,
