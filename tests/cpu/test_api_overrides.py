@@ -10,29 +10,25 @@ import torch
 import cuteattn
 from cuteattn import api
 from cuteattn.plan import KernelPlan
-from cuteattn.runtime.arch import ARCH_ENV
-
-
-def qkv(dim=64, dtype=torch.bfloat16):
-    q = torch.randn(2, 16, 4, dim, dtype=dtype)
-    k = torch.randn(2, 24, 2, dim, dtype=dtype)
-    v = torch.randn(2, 24, 2, dim, dtype=dtype)
-    return q, k, v
+from launch_recorder import qkv, record_launches
 
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Pretend the CPU tensors are on an sm_90a device; record the plans the launch gets."""
-    plans = []
+    """The plans the launch gets, in order."""
+    calls = record_launches(monkeypatch)
+    return _PlanView(calls)
 
-    def fake_launch(q, k, v, out, softmax_scale, plan):
-        plans.append(plan)
-        return torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
-    monkeypatch.setenv(ARCH_ENV, "sm_90a")
-    monkeypatch.setattr(api.validate, "check_devices", lambda *tensors: None)
-    monkeypatch.setattr(api.ops, "launch_forward", fake_launch)
-    return plans
+class _PlanView:
+    def __init__(self, calls):
+        self._calls = calls
+
+    def __getitem__(self, index):
+        return self._calls[index]["plan"]
+
+    def __iter__(self):
+        return (call["plan"] for call in self._calls)
 
 
 def test_flash_attn_func_goes_through_forward(launches):

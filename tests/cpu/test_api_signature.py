@@ -14,7 +14,7 @@ import torch
 
 import cuteattn
 from cuteattn import api, validate
-from cuteattn.runtime.arch import ARCH_ENV
+from launch_recorder import qkv, record_launches
 
 try:
     import numpy as np  # torch does not require numpy
@@ -25,26 +25,9 @@ NUMPY_BOOLS = [np.bool_(True)] if np is not None else []
 NUMPY_ZEROS = [np.float32(0.0), np.float64(0.0)] if np is not None else []
 
 
-def qkv(dim=64, dtype=torch.bfloat16):
-    q = torch.randn(2, 16, 4, dim, dtype=dtype)
-    k = torch.randn(2, 24, 2, dim, dtype=dtype)
-    v = torch.randn(2, 24, 2, dim, dtype=dtype)
-    return q, k, v
-
-
 @pytest.fixture
 def launches(monkeypatch):
-    """Pretend the CPU tensors are on an sm_90a device; record what the launch gets."""
-    calls = []
-
-    def fake_launch(q, k, v, out, softmax_scale, plan):
-        calls.append({"plan": plan, "softmax_scale": softmax_scale, "out": out})
-        return torch.zeros(q.shape[0], q.shape[2], q.shape[1])
-
-    monkeypatch.setenv(ARCH_ENV, "sm_90a")
-    monkeypatch.setattr(api.validate, "check_devices", lambda *tensors: None)
-    monkeypatch.setattr(api.ops, "launch_forward", fake_launch)
-    return calls
+    return record_launches(monkeypatch)
 
 
 # The signature ----------------------------------------------------------------------------
