@@ -44,20 +44,19 @@ def quad_allreduce_sum(value: Float32) -> Float32:
     return value
 
 
-ILP_CHAINS = 4
+def row_reduce(
+    values: cute.Tensor, combine, init: Float32 | None = None, *, chains: int = 4
+) -> Float32:
+    """combine() over a register row (and ``init``), in ``chains`` independent chains.
 
-
-def row_reduce(values: cute.Tensor, combine, init: Float32 | None = None) -> Float32:
-    """combine() over a register row (and ``init``), in ILP_CHAINS independent chains.
-
-    One chain over a row (TensorSSA.reduce) is a sequence of dependent FMNMX / FADD, bound by
-    their latency; four chains keep the pipes busy and cost the same instruction count. ``init``
-    heads the first chain, so whatever produces it is needed early and gets scheduled early
-    (the O rescale factor, for the running sum). Plain Python (traced inside the caller's
-    jit): the loops unroll at trace time.
+    One chain over a row is a sequence of dependent FMNMX / FADD, bound by their latency; four
+    chains keep the pipes busy at the same instruction count, for a few more live registers.
+    ``init`` heads the first chain, so whatever produces it is needed early and gets scheduled
+    early (the O rescale factor, for the running sum). Plain Python (traced inside the
+    caller's jit): the loops unroll at trace time.
     """
     n = cute.size(values)
-    chains = min(ILP_CHAINS, n)
+    chains = min(chains, n)
     partial = [values[i] for i in range(chains)]
     if init is not None:
         partial[0] = combine(init, partial[0])
@@ -78,9 +77,13 @@ def _add(a, b):
 class OnlineSoftmax:
     """Running row max / row sum for the rows of one thread's accumulator fragment."""
 
-    def __init__(self, scale_log2: Float32, num_rows: int):
+    def __init__(self, scale_log2: Float32, num_rows: int, *, reduce_chains: int = 4):
+        """reduce_chains: independent chains per row reduction (``row_reduce``). Four suit a
+        warpgroup's two rows per thread; the sm80 kernel, four or more rows per thread at 255
+        registers, spills with them (d128: 20 -> 55 spill instructions) and uses one."""
         self.scale_log2 = scale_log2
         self.num_rows = num_rows
+        self.reduce_chains = reduce_chains
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
         self.row_max.fill(-Float32.inf)
@@ -94,7 +97,9 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(self.num_rows):
             row = scores[r, None].load()
             prev_max = self.row_max[r]
-            new_max = quad_allreduce_max(row_reduce(scores[r, None], cute.arch.fmax, prev_max))
+            new_max = quad_allreduce_max(
+                row_reduce(scores[r, None], cute.arch.fmax, prev_max, chains=self.reduce_chains)
+            )
             # A fully masked row so far: subtract 0 instead of -inf so exp2 yields 0, not NaN.
             safe_max = new_max if new_max != -Float32.inf else Float32(0.0)
             max_scaled = safe_max * self.scale_log2
@@ -102,12 +107,14 @@ class OnlineSoftmax:
             scores[r, None] = probs
             if cutlass.const_expr(is_first):
                 row_scale[r] = Float32(1.0)
-                self.row_sum[r] = row_reduce(scores[r, None], _add)
+                self.row_sum[r] = row_reduce(scores[r, None], _add, chains=self.reduce_chains)
             else:
                 # The difference first: equal maxima rescale by exactly 1 (module docstring).
                 scale = cute.math.exp2((prev_max - safe_max) * self.scale_log2, fastmath=True)
                 row_scale[r] = scale
-                self.row_sum[r] = row_reduce(scores[r, None], _add, self.row_sum[r] * scale)
+                self.row_sum[r] = row_reduce(
+                    scores[r, None], _add, self.row_sum[r] * scale, chains=self.reduce_chains
+                )
             self.row_max[r] = new_max
         return row_scale
 

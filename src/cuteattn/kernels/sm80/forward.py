@@ -287,7 +287,7 @@ class FlashForwardSm80:
             m_block=m_block,
             seqlen=seqlen,
             acc_O=acc_O,
-            softmax=OnlineSoftmax(scale_log2, rows_per_thread),
+            softmax=OnlineSoftmax(scale_log2, rows_per_thread, reduce_chains=1),
             mask=AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen),
         )
 
