@@ -158,9 +158,12 @@ def check_plan(plan: KernelPlan, problem: Problem) -> KernelPlan:
         )
         if planned != actual
     ]
+    family = get_family(plan.family)
+    family_mismatch = family.plan_mismatch(plan, problem)
+    if family_mismatch is not None:
+        mismatches.append(family_mismatch)
     if mismatches:
         raise ValueError(f"plan does not match the inputs: {', '.join(mismatches)}")
-    family = get_family(plan.family)
     if not family.supports(problem.arch):
         raise NotImplementedError(f"kernel family {plan.family!r} does not run on {plan.arch}")
     reason = family.reject_reason(problem)

@@ -33,11 +33,11 @@ def problem(head_dim=128, causal=False, arch="sm_90a", **overrides):
     return Problem(**fields)
 
 
-def sm90_plan(*, persistent=False, pingpong=True, **fields):
+def sm90_plan(*, persistent=False, pingpong=True, pack_gqa=1, **fields):
     base = dict(
         family="sm90", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
         tile_n=128, num_threads=384, num_stages=2,
-        options=(("persistent", persistent), ("pingpong", pingpong)),
+        options=(("pack_gqa", pack_gqa), ("persistent", persistent), ("pingpong", pingpong)),
     )
     base.update(fields)
     return KernelPlan(**base)
@@ -87,13 +87,14 @@ def test_default_plan_comes_from_the_first_family_that_runs(arch, head_dim):
 @pytest.mark.parametrize("family", family_names())
 def test_plan_ignores_runtime_sizes(family):
     """Sizes are runtime values: one compiled kernel serves every batch, head count and key
-    length. The query length may only pick a variant (sm90: persistent for short queries)."""
+    length. The query length may only pick a variant (sm90: persistent for short queries), and
+    the query heads per KV head may only pick packed GQA (sm90)."""
     for seqlen_q in (1, 1000, 16384):
         small = plan_forward(
-            problem(batch=1, seqlen_q=seqlen_q, seqlen_k=1, heads_q=1, heads_kv=1), family=family
+            problem(batch=1, seqlen_q=seqlen_q, seqlen_k=1, heads_q=8, heads_kv=1), family=family
         )
         large = plan_forward(
-            problem(batch=64, seqlen_q=seqlen_q, seqlen_k=4097, heads_q=32, heads_kv=4),
+            problem(batch=64, seqlen_q=seqlen_q, seqlen_k=4097, heads_q=64, heads_kv=8),
             family=family,
         )
         assert small == large
@@ -253,6 +254,11 @@ GOLDEN = {
     ),
     # The planner's own choice on Hopper: the sm90 family.
     ("sm_90a", 128, False, "bf16", None, 1000): sm90_plan(persistent=True),
+    # Short queries with 4 query heads per KV head (problem()'s 8 / 2): packed GQA.
+    ("sm_90a", 128, False, "bf16", None, 1): sm90_plan(persistent=True, pack_gqa=4),
+    ("sm_90a", 64, True, "bf16", None, 40): sm90_plan(
+        head_dim=64, causal=True, persistent=True, pack_gqa=4
+    ),
     ("sm_90a", 64, True, "bf16", None, 16384): sm90_plan(head_dim=64, causal=True, persistent=True),
     ("sm_90a", 128, True, "bf16", None, 16384): sm90_plan(causal=True),
     ("sm_90a", 192, False, "bf16", None, 1000): sm90_plan(
@@ -292,3 +298,32 @@ def test_can_implement_requires_whole_copy_passes():
     assert not FlashForwardSm80.can_implement(256, 128, 16, 256, 227 * 1024)
     assert FlashForwardSm80.can_implement(256, 128, 32, 256, 227 * 1024)
     assert not FlashForwardSm80.can_implement(256, 128, 128, 256, 99 * 1024)  # 192 KB
+
+
+@pytest.mark.parametrize(
+    "seqlen_q,heads_q,heads_kv,tile_m,expected",
+    [
+        (1, 8, 8, 128, False),  # MHA: nothing to pack
+        (1, 8, 1, 128, True),  # decode, MQA: 8 rows used instead of 1
+        (1, 32, 8, 128, True),
+        (40, 8, 2, 128, True),  # 160 of 256 rows used packed (2 tiles), 40 of 128 unpacked
+        (100, 8, 2, 128, False),  # 400 / 512 packed vs 100 / 128: not worth it
+        (1000, 32, 4, 128, False),  # long queries fill their tiles
+        (1, 256, 1, 128, False),  # a group larger than a tile
+        (7, 28, 4, 128, True),  # a group of 7: 18 positions per tile, 2 rows idle
+    ],
+)
+def test_should_pack_gqa(seqlen_q, heads_q, heads_kv, tile_m, expected):
+    from cuteattn.kernels.sm90.family import should_pack_gqa
+
+    assert should_pack_gqa(seqlen_q, heads_q, heads_kv, tile_m) is expected
+
+
+def test_packed_plan_must_match_the_head_group():
+    packed = sm90_plan(persistent=True, pack_gqa=4)
+    check_plan(packed, problem(seqlen_q=1, seqlen_k=1))  # 8 / 2 heads: a group of 4
+    with pytest.raises(ValueError, match="pack_gqa 4"):
+        check_plan(packed, problem(seqlen_q=1, seqlen_k=1, heads_q=8, heads_kv=1))
+    assert not get_family("sm90").can_implement(
+        sm90_plan(pack_gqa=129), arch_from_name("sm_90a")
+    )

@@ -38,12 +38,15 @@ def test_every_tiling_runs(family, head_dim, causal, dtype):
     assert plans, f"no plan of {family} for d{head_dim} runs on {arch.name}"
 
     torch_dtype = TORCH_DTYPES[dtype]
-    q = torch.randn(2, 333, 4, head_dim, device="cuda", dtype=torch_dtype)
-    k = torch.randn(2, 517, 2, head_dim, device="cuda", dtype=torch_dtype)
-    v = torch.randn_like(k)
-    out_ref, lse_ref = attention(q, k, v, causal=causal)
-    out_pt, lse_pt = attention(q, k, v, causal=causal, upcast=False)
     for plan in plans:
+        # A packed-GQA plan is compiled for one group size: give it that many heads per KV head.
+        group = plan.option("pack_gqa", 1)
+        q = torch.randn(2, 333, 2 * (group if group > 1 else 2), head_dim, device="cuda",
+                        dtype=torch_dtype)
+        k = torch.randn(2, 517, 2, head_dim, device="cuda", dtype=torch_dtype)
+        v = torch.randn_like(k)
+        out_ref, lse_ref = attention(q, k, v, causal=causal)
+        out_pt, lse_pt = attention(q, k, v, causal=causal, upcast=False)
         out = poison_like(q)
         got, lse = api.forward(q, k, v, causal=causal, out=out, plan=plan)
         torch.cuda.synchronize()

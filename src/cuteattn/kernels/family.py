@@ -53,6 +53,11 @@ class KernelFamily(abc.ABC):
     def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
         """Whether ``plan`` compiles to a correct kernel that fits ``arch`` (shared memory)."""
 
+    def plan_mismatch(self, plan: KernelPlan, problem: Problem) -> str | None:
+        """What in ``plan``'s family options contradicts ``problem``, or None (``check_plan``
+        compares the common fields)."""
+        return None
+
     @abc.abstractmethod
     def kernel(self, plan: KernelPlan):
         """The forward kernel object for ``plan``, ready for ``cute.compile``.

@@ -14,10 +14,13 @@ from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 
 
 class AttentionMask:
-    def __init__(self, *, tile_m: int, tile_n: int, seqlen: SeqlenInfo):
+    def __init__(self, *, tile_m: int, tile_n: int, seqlen: SeqlenInfo, pack_gqa: int = 1):
+        """tile_m: query positions per tile; pack_gqa: rows per position (packed GQA: row i
+        of a tile is position i // pack_gqa of a head of the group), 1 otherwise."""
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.seqlen = seqlen
+        self.pack_gqa = pack_gqa
 
     @cute.jit
     def apply(
@@ -31,7 +34,7 @@ class AttentionMask:
         mask_causal: cutlass.Constexpr[bool],
     ):
         scores = acc_as_rows_cols(acc_S)
-        tile_mn = (self.tile_m, self.tile_n)
+        tile_mn = (self.tile_m * self.pack_gqa, self.tile_n)
         coords = tile_coords(thr_mma, tile_mn)
         coords_t0 = tile_coords(thr_mma.get_slice(0), tile_mn)
         thread_row0 = coords[0, 0][0]
@@ -47,12 +50,18 @@ class AttentionMask:
                             scores[r, c] = -Float32.inf
         else:
             # Row i (global) sees columns j < i + 1 + seqlen_k - seqlen_q.
+            # Packed GQA: row i is at position i // pack_gqa (one division per row).
+            first_row = thread_row0 if cutlass.const_expr(self.pack_gqa == 1) else 0
             diag_offset = (
-                m_block * self.tile_m + thread_row0 + 1 + seqlen_k - seqlen_q
+                m_block * self.tile_m + first_row + 1 + seqlen_k - seqlen_q
                 - n_block * self.tile_n - thread_col0
             )
             for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
-                col_limit = diag_offset + coords_t0[r, 0][0]
+                if cutlass.const_expr(self.pack_gqa == 1):
+                    col_limit = diag_offset + coords_t0[r, 0][0]
+                else:
+                    position = (thread_row0 + coords_t0[r, 0][0]) // self.pack_gqa
+                    col_limit = diag_offset + position
                 if cutlass.const_expr(mask_seqlen):
                     col_limit = cutlass.min(col_limit, col_limit_seqlen)
                 for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):

@@ -5,8 +5,14 @@ Plan options (compile-time switches, ``KernelPlan.options``):
   - ``pingpong``: consumer warpgroups take turns issuing GEMMs (named barriers), so one
     warpgroup's softmax overlaps the other's GEMMs;
   - ``persistent``: one CTA per SM walks the work tiles; the next tile's loads overlap this
-    tile's epilogue (needs an O buffer of its own in shared memory).
+    tile's epilogue (needs an O buffer of its own in shared memory);
+  - ``pack_gqa``: query heads per KV head stacked in one tile's rows (1: off). With GQA and
+    short queries, a tile of one head is mostly padding and every query head reloads the same
+    K and V; packed, one tile serves the whole group (``should_pack_gqa``).
 """
+
+import math
+
 
 from cuteattn.arch import ArchCaps
 from cuteattn.kernels.family import KernelFamily
@@ -39,6 +45,23 @@ SM90_TILES = {
 }
 
 
+# Pack when the packed tiles' rows are at most this fraction as wasted as unpacked ones'.
+PACK_GQA_MIN_GAIN = 0.9
+
+
+def should_pack_gqa(seqlen_q: int, heads_q: int, heads_kv: int, tile_m: int) -> bool:
+    """Whether packed GQA fills the query tiles better: unpacked, a tile holds tile_m positions
+    of one head; packed, tile_m // group positions of all the group's heads. Their row use is
+    compared (packing also reads K and V once per group rather than per head)."""
+    group = heads_q // heads_kv
+    if group == 1 or group > tile_m:
+        return False
+    positions = tile_m // group
+    unpacked_use = seqlen_q / (math.ceil(seqlen_q / tile_m) * tile_m)
+    packed_use = seqlen_q * group / (math.ceil(seqlen_q / positions) * tile_m)
+    return unpacked_use < PACK_GQA_MIN_GAIN * packed_use
+
+
 def default_pingpong(head_dim: int, tile_m: int) -> bool:
     """Ping-pong pays where softmax is a large share of a tile's time (head dims up to 128)."""
     return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
@@ -59,7 +82,7 @@ class Sm90Family(KernelFamily):
 
     def plan(
         self, arch: ArchCaps, *, dtype, head_dim, causal, tile_m, tile_n, num_stages,
-        persistent, pingpong=None,
+        persistent, pingpong=None, pack_gqa=1,
     ) -> KernelPlan:
         if pingpong is None:
             pingpong = default_pingpong(head_dim, tile_m)
@@ -74,6 +97,7 @@ class Sm90Family(KernelFamily):
             num_threads=tiling.num_threads(tile_m),
             num_stages=num_stages,
             options=(
+                ("pack_gqa", pack_gqa),
                 ("persistent", persistent),
                 ("pingpong", pingpong),
             ),
@@ -86,15 +110,31 @@ class Sm90Family(KernelFamily):
             # Persistent first where it pays; single-tile as the fallback when its separate O
             # buffer does not fit.
             persistent_first = problem.seqlen_q <= persistent_up_to
+            pack = should_pack_gqa(problem.seqlen_q, problem.heads_q, problem.heads_kv, tile_m)
             for persistent in ((True, False) if persistent_first else (False,)):
                 plans.append(
                     self.plan(
                         problem.arch, dtype=problem.dtype, head_dim=problem.head_dim,
                         causal=problem.causal, tile_m=tile_m, tile_n=tile_n,
                         num_stages=num_stages, persistent=persistent,
+                        pack_gqa=problem.heads_q // problem.heads_kv if pack else 1,
                     )
                 )
         return tuple(plans)
+
+    def representative_problems(
+        self, *, dtype: str, head_dim: int, causal: bool, arch: ArchCaps
+    ) -> tuple[Problem, ...]:
+        """The default set (short / long, MHA / 8 query heads per KV head) and a short query
+        with a group of 3, which does not divide a tile (packed rows left idle)."""
+        odd_group = Problem(
+            batch=1, seqlen_q=1, seqlen_k=1, heads_q=3, heads_kv=1, head_dim=head_dim,
+            head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch,
+        )
+        base = super().representative_problems(
+            dtype=dtype, head_dim=head_dim, causal=causal, arch=arch
+        )
+        return (*base, odd_group)
 
     def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
         names = tuple(name for name, _ in plan.options)
@@ -103,7 +143,9 @@ class Sm90Family(KernelFamily):
             and plan.arch == arch.name
             and self.supports(arch)
             and plan.dtype in DTYPES
-            and names == ("persistent", "pingpong")
+            and names == ("pack_gqa", "persistent", "pingpong")
+            and isinstance(plan.option("pack_gqa"), int)
+            and 1 <= plan.option("pack_gqa") <= plan.tile_m
             and plan.num_threads == tiling.num_threads(plan.tile_m)
             and (not plan.option("pingpong") or tiling.num_consumer_warpgroups(plan.tile_m) >= 2)
             and tiling.can_implement(
@@ -125,7 +167,17 @@ class Sm90Family(KernelFamily):
             causal=plan.causal,
             pingpong=plan.option("pingpong"),
             persistent=plan.option("persistent"),
+            pack_gqa=plan.option("pack_gqa"),
         )
+
+    def plan_mismatch(self, plan: KernelPlan, problem: Problem) -> str | None:
+        group = plan.option("pack_gqa", 1)
+        if group > 1 and problem.heads_q != group * problem.heads_kv:
+            return (
+                f"pack_gqa {group} (the inputs have {problem.heads_q} query heads for "
+                f"{problem.heads_kv} KV heads)"
+            )
+        return None
 
 
 FAMILY = Sm90Family()

@@ -87,6 +87,24 @@ def _permuted(tensor: cute.Tensor, modes: list[int]) -> cute.Tensor:
     return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=modes))
 
 
+def _pack_heads(tensor: cute.Tensor, group: int, *, seq: int, head: int, inner=(), outer=()):
+    """Packed GQA view (group, seqlen, *inner, heads // group, *outer) of the modes named by
+    index. Row (g, s) of a query tile is query head head_kv * group + g at position s: the
+    ``group`` heads that share a KV head stack, fastest, along the tile's rows."""
+    shape, stride = tensor.layout.shape, tensor.layout.stride
+    layout = cute.make_layout(
+        (
+            group, shape[seq], *(shape[m] for m in inner), shape[head] // group,
+            *(shape[m] for m in outer),
+        ),
+        stride=(
+            stride[head], stride[seq], *(stride[m] for m in inner), stride[head] * group,
+            *(stride[m] for m in outer),
+        ),
+    )
+    return cute.make_tensor(tensor.iterator, layout)
+
+
 class Mainloop(NamedTuple):
     """What a consumer warpgroup's key-tile steps use, set up once per kernel: its MMA
     partitions and operand views, the O accumulator, the held-back O rescale factors, the mask
@@ -119,7 +137,10 @@ class FlashForwardSm90:
         causal: bool,
         pingpong: bool | None = None,
         persistent: bool = False,
+        pack_gqa: int = 1,
     ):
+        """pack_gqa: query heads per KV head packed into one tile's rows (1: not packed); the
+        caller guarantees heads_q == pack_gqa * heads_kv."""
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -127,6 +148,10 @@ class FlashForwardSm90:
         self.num_stages = num_stages
         self.causal = causal
         self.persistent = persistent
+        self.pack_gqa = pack_gqa
+        # Query positions per tile: packed, each position takes pack_gqa rows, and the rows
+        # past the last whole group stay idle (tile_m need not be a multiple of pack_gqa).
+        self.tile_positions = tile_m // pack_gqa
         self.num_consumer_wgs = tiling.num_consumer_warpgroups(tile_m)
         self.num_consumer_threads = self.num_consumer_wgs * THREADS_PER_WARPGROUP
         self.num_threads = tiling.num_threads(tile_m)
@@ -159,15 +184,26 @@ class FlashForwardSm90:
         stream,
     ):
         check_operand_dtypes(mQ, mK, mV, mO)
+        packed = self.pack_gqa > 1
         counts = make_linear_tile_counts(
-            seqlen_q=mQ.shape[1], seqlen_k=mK.shape[1], tile_m=self.tile_m,
-            num_heads=mQ.shape[2], num_batches=mQ.shape[0],
+            seqlen_q=mQ.shape[1], seqlen_k=mK.shape[1], tile_m=self.tile_positions,
+            num_heads=mK.shape[2] if cutlass.const_expr(packed) else mQ.shape[2],
+            num_batches=mQ.shape[0],
             kv_bytes_per_key=2 * self.head_dim * self.dtype.width // 8,
         )
 
-        # TMA boxes tile the first two modes: view tensors as (seqlen, dim, heads, batch).
-        mQ, mK, mV, mO = (_permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO))
-        mLSE = _permuted(mLSE, [2, 1, 0])  # (seqlen_q, heads_q, batch)
+        # TMA boxes tile the leading modes: K, V as (seqlen, dim, heads, batch); Q, O likewise
+        # or, packed, as (group, seqlen, dim, heads_kv, batch) with the LSE to match.
+        mK, mV = (_permuted(t, [1, 3, 2, 0]) for t in (mK, mV))
+        if cutlass.const_expr(packed):
+            mQ, mO = (
+                _pack_heads(t, self.pack_gqa, seq=1, head=2, inner=(3,), outer=(0,))
+                for t in (mQ, mO)
+            )
+            mLSE = _pack_heads(mLSE, self.pack_gqa, seq=2, head=1, outer=(0,))
+        else:
+            mQ, mO = (_permuted(t, [1, 3, 2, 0]) for t in (mQ, mO))
+            mLSE = _permuted(mLSE, [2, 1, 0])  # (seqlen_q, heads_q, batch)
 
         sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim)
         sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
@@ -185,8 +221,9 @@ class FlashForwardSm90:
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        sQ_tile_layout = self.query_smem(sQ_layout)
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
-            tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim)
+            tma_load, mQ, sQ_tile_layout, self.query_tile_shape()
         )
         kv_stage_layout = cute.select(sK_layout, mode=[0, 1])
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(
@@ -196,9 +233,12 @@ class FlashForwardSm90:
             tma_load, mV, kv_stage_layout, (self.tile_n, self.head_dim), 1
         )
         tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (self.tile_m, self.head_dim)
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_tile_layout, self.query_tile_shape()
         )
-        tile_bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
+        # The rows TMA fills (packed: whole groups only; the box is transferred in full).
+        tile_bytes_q = (
+            self.tile_positions * self.pack_gqa * self.head_dim * self.dtype.width // 8
+        )
         tile_bytes_kv = cute.size_in_bytes(self.dtype, kv_stage_layout)
 
         # Consumer warpgroups stack along M, 64 rows each.
@@ -256,11 +296,11 @@ class FlashForwardSm90:
     @cute.kernel
     def kernel(
         self,
-        mQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch)
+        mQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch); Q, O packed: (group, ...)
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
-        mLSE: cute.Tensor,  # (seqlen_q, heads_q, batch)
+        mLSE: cute.Tensor,  # (seqlen_q, heads_q, batch); packed: (group, seqlen_q, heads_kv, batch)
         tma_atom_q: cute.CopyAtom,
         tma_atom_k: cute.CopyAtom,
         tma_atom_v: cute.CopyAtom,
@@ -294,8 +334,11 @@ class FlashForwardSm90:
         sO = sQ
         if cutlass.const_expr(self.persistent):
             sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        block_info = BlockInfo(tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
-        seqlen = SeqlenInfo(seqlen_q=mQ.shape[0], seqlen_k=mK.shape[0])
+        block_info = BlockInfo(
+            tile_m=self.tile_positions, tile_n=self.tile_n, causal=self.causal
+        )
+        seqlen_q = mQ.shape[1] if cutlass.const_expr(self.pack_gqa > 1) else mQ.shape[0]
+        seqlen = SeqlenInfo(seqlen_q=seqlen_q, seqlen_k=mK.shape[0])
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -374,16 +417,17 @@ class FlashForwardSm90:
         tma_atom_k, tma_atom_v, pipeline_q, pipeline_k, pipeline_v, block_info, seqlen,
     ):
         """One work tile's loads; returns the advanced pipeline states."""
-        head_kv = work.head // (mQ.shape[2] // mK.shape[2])
+        head_kv = work.head  # packed: work tiles are per KV head
+        if cutlass.const_expr(self.pack_gqa == 1):
+            head_kv = work.head // (mQ.shape[2] // mK.shape[2])
         _, n_block_max = block_info.n_block_min_max(seqlen, work.m_block)
-        gQ = cute.local_tile(
-            mQ[None, None, work.head, work.batch], (self.tile_m, self.head_dim),
-            (work.m_block, 0),
-        )
+        gQ = self.query_tile(mQ, work)
         tile_kv = (self.tile_n, self.head_dim)
         gK = cute.local_tile(mK[None, None, head_kv, work.batch], tile_kv, (None, 0))
         gV = cute.local_tile(mV[None, None, head_kv, work.batch], tile_kv, (None, 0))
-        tQsQ, tQgQ = self.tma_partition(tma_atom_q, sQ, gQ)
+        tQsQ, tQgQ = self.tma_partition(
+            tma_atom_q, self.query_smem(sQ), gQ, tile_rank=cute.rank(gQ)
+        )
         tKsK, tKgK = self.tma_partition(tma_atom_k, sK, gK)
         tVsV, tVgV = self.tma_partition(tma_atom_v, sV, gV)
         if n_block_max > 0:
@@ -403,11 +447,42 @@ class FlashForwardSm90:
             kv_state.advance()
         return q_state, kv_state
 
-    def tma_partition(self, tma_atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor):
-        """(smem, gmem) views for TMA: a tile's two modes grouped, stages / tiles after them."""
+    def tma_partition(
+        self, tma_atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile_rank: int = 2
+    ):
+        """(smem, gmem) views for TMA: a tile's ``tile_rank`` modes grouped, stages / tiles
+        after them."""
         return cpasync.tma_partition(
-            tma_atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
-            cute.group_modes(gmem, 0, 2),
+            tma_atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, tile_rank),
+            cute.group_modes(gmem, 0, tile_rank),
+        )
+
+    def query_tile_shape(self) -> tuple:
+        """The TMA box of a Q / O tile: (tile_m, dim), or, packed, (group, positions, dim)."""
+        if self.pack_gqa == 1:
+            return (self.tile_m, self.head_dim)
+        return (self.pack_gqa, self.tile_positions, self.head_dim)
+
+    def query_smem(self, smem):
+        """The Q / O buffer (a tensor or its layout) as TMA sees it: packed, row g + group * s
+        of the tile holds head g at position s; rows past the last whole group are not used."""
+        if self.pack_gqa == 1:
+            return smem
+        rows = cute.make_layout(
+            self.query_tile_shape(), stride=(1, self.pack_gqa, self.tile_m)
+        )
+        return cute.composition(smem, rows)
+
+    def query_tile(self, tensor: cute.Tensor, work: WorkTile) -> cute.Tensor:
+        """Work tile ``work``'s block of the TMA view of q or out."""
+        if cutlass.const_expr(self.pack_gqa == 1):
+            return cute.local_tile(
+                tensor[None, None, work.head, work.batch], self.query_tile_shape(),
+                (work.m_block, 0),
+            )
+        return cute.local_tile(
+            tensor[None, None, None, work.head, work.batch], self.query_tile_shape(),
+            (0, work.m_block, 0),
         )
 
     @cute.jit
@@ -463,7 +538,10 @@ class FlashForwardSm90:
             tiled_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32
         )
         num_rows = cute.size(acc_as_rows_cols(acc_O), mode=[0])
-        mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
+        mask = AttentionMask(
+            tile_m=self.tile_positions, tile_n=self.tile_n, seqlen=seqlen,
+            pack_gqa=self.pack_gqa,
+        )
         pending_scale = cute.make_rmem_tensor(num_rows, Float32)
 
         if cutlass.const_expr(self.pingpong):
@@ -545,14 +623,22 @@ class FlashForwardSm90:
         lse = cute.make_rmem_tensor(num_rows, Float32)
         row_scale = softmax.finalize(lse)
         rescale_rows(acc_O, row_scale)
-        gLSE = cute.local_tile(mLSE[None, work.head, work.batch], (self.tile_m,), (m_block,))
+        positions_left = seqlen.seqlen_q - m_block * self.tile_positions
+        if cutlass.const_expr(self.pack_gqa == 1):
+            gLSE = cute.local_tile(
+                mLSE[None, work.head, work.batch], (self.tile_m,), (m_block,)
+            )
+            rows_left = positions_left
+        else:
+            gLSE = cute.local_tile(
+                mLSE[None, None, work.head, work.batch],
+                (self.pack_gqa, self.tile_positions), (0, m_block),
+            )
+            rows_left = self.pack_gqa * cutlass.min(positions_left, self.tile_positions)
         store_lse(
-            gLSE, lse, tile_coords(thr_mma_qk, (self.tile_m, self.tile_n)),
-            seqlen.seqlen_q - m_block * self.tile_m,
+            gLSE, lse, tile_coords(thr_mma_qk, (self.tile_m, self.tile_n)), rows_left
         )
-        gO = cute.local_tile(
-            mO[None, None, work.head, work.batch], (self.tile_m, self.head_dim), (m_block, 0)
-        )
+        gO = self.query_tile(mO, work)
         self.store_o(gO, acc_O, sO, tma_atom_o, loop.tiled_mma_pv, tidx)
         return q_state, kv_state
 
@@ -718,6 +804,8 @@ class FlashForwardSm90:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=epilogue_threads)
         if tidx < 32:
-            tOsO, tOgO = self.tma_partition(tma_atom_o, sO, gO)
+            tOsO, tOgO = self.tma_partition(
+                tma_atom_o, self.query_smem(sO), gO, tile_rank=cute.rank(gO)
+            )
             cute.copy(tma_atom_o, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
