@@ -13,6 +13,7 @@ convention), the best candidate against the faster peer, and the planner's own c
 """
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -64,10 +65,14 @@ def tile_list(text: str) -> list[tuple[int, int, int]]:
 
 def candidate_name(plan: KernelPlan) -> str:
     mode = "persistent" if plan.option("persistent") else "single"
-    return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}"
+    group = plan.option("pack_gqa", 1)
+    packed = f"-pack{group}" if group > 1 else ""
+    return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}"
 
 
-def candidates(arch, shape: Shape, dtype: str, tiles, persistent_modes) -> tuple[dict, list]:
+def candidates(
+    arch, shape: Shape, dtype: str, tiles, persistent_modes, pack_modes=(False,)
+) -> tuple[dict, list]:
     """The plans to time for ``shape`` by name, and the names of those the family cannot
     implement on ``arch``."""
     family = get_family("sm90")
@@ -75,11 +80,14 @@ def candidates(arch, shape: Shape, dtype: str, tiles, persistent_modes) -> tuple
     # persistence policy, which --persistent replaces here.
     tiles = tiles or [entry[:3] for entry in SM90_TILES.get((shape.dim, shape.causal), ())]
     plans, skipped = {}, []
+    group = shape.heads // shape.heads_kv
+    groups = sorted({group if pack else 1 for pack in pack_modes})
     for tile_m, tile_n, num_stages in tiles:
-        for persistent in persistent_modes:
+        for persistent, pack_gqa in ((p, g) for p in persistent_modes for g in groups):
             plan = family.plan(
                 arch, dtype=dtype, head_dim=shape.dim, causal=shape.causal, tile_m=tile_m,
                 tile_n=tile_n, num_stages=num_stages, persistent=persistent, pingpong=None,
+                pack_gqa=pack_gqa,
             )
             if family.can_implement(plan, arch):
                 plans[candidate_name(plan)] = plan
@@ -90,7 +98,7 @@ def candidates(arch, shape: Shape, dtype: str, tiles, persistent_modes) -> tuple
 
 def planner_choice(arch, shape: Shape, dtype: str) -> str:
     problem = Problem(
-        batch=shape.batch, seqlen_q=shape.seqlen, seqlen_k=shape.seqlen, heads_q=shape.heads,
+        batch=shape.batch, seqlen_q=shape.seqlen, seqlen_k=shape.seqlen_k, heads_q=shape.heads,
         heads_kv=shape.heads_kv, head_dim=shape.dim, head_dim_v=shape.dim, dtype=dtype,
         causal=shape.causal, arch=arch,
     )
@@ -109,7 +117,8 @@ def plan_binder(plan: KernelPlan):
 
 def shape_line(shape: Shape, result: ShapeResult, names, planner: str) -> str:
     measured = ", ".join(f"{name} {result.tflops(name):.1f}" for name in names if name in result.ms_by_backend)
-    line = f"d{shape.dim} s{shape.seqlen} causal={shape.causal} heads={shape.heads}/{shape.heads_kv}: {measured or 'nothing ran'}"
+    seqlens = f"s{shape.seqlen}" + (f"/{shape.seqlen_k}" if shape.seqlen_k != shape.seqlen else "")
+    line = f"d{shape.dim} {seqlens} causal={shape.causal} heads={shape.heads}/{shape.heads_kv}: {measured or 'nothing ran'}"
     timed = [name for name in names if name in result.ms_by_backend and name not in PEERS]
     if timed:
         best = min(timed, key=result.ms_by_backend.__getitem__)
@@ -129,6 +138,11 @@ def main(argv=None) -> int:
                              "(default: the family's tiles for each head dim and causal)")
     parser.add_argument("--persistent", choices=tuple(PERSISTENT_MODES), default="both",
                         help="persistent and/or single-tile scheduling (default: both)")
+    parser.add_argument("--pack-gqa", choices=tuple(PERSISTENT_MODES), default="false",
+                        help="packed GQA candidates (query heads per KV head in one tile): "
+                             "true, false or both (default: false)")
+    parser.add_argument("--seqlen-k", type=int, default=None,
+                        help="keys per sequence (default: the row's seqlen)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--tokens", type=int, default=32768, help="batch = tokens // seqlen (default: 32768)")
     parser.add_argument("--hidden", type=int, default=2048, help="heads = hidden // dim (default: 2048)")
@@ -140,6 +154,8 @@ def main(argv=None) -> int:
         shapes = build_grid(
             args.dims, args.seqlens, CAUSAL_MODES[args.causal], args.tokens, args.hidden, heads_kv=args.heads_kv
         )
+        if args.seqlen_k is not None:
+            shapes = [dataclasses.replace(shape, seqlen_k=args.seqlen_k) for shape in shapes]
     except ValueError as exc:
         parser.error(str(exc))
     if not torch.cuda.is_available():
@@ -149,7 +165,10 @@ def main(argv=None) -> int:
     arch = device_arch(torch.device("cuda"))
     peers = load_available(PEERS)
     for shape in shapes:
-        plans, skipped = candidates(arch, shape, args.dtype, args.tiles, PERSISTENT_MODES[args.persistent])
+        plans, skipped = candidates(
+            arch, shape, args.dtype, args.tiles, PERSISTENT_MODES[args.persistent],
+            PERSISTENT_MODES[args.pack_gqa],
+        )
         if skipped:
             log_to_stderr(f"{shape.label()}: sm90 cannot implement {', '.join(skipped)} on {arch.name}; skipped")
         if not plans:

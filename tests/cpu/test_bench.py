@@ -296,17 +296,17 @@ def test_table_has_one_row_per_shape_and_ratio_columns():
     lines = format_table(results, backends).splitlines()
     assert "4 * batch * heads * seqlen_q * seqlen_k * dim" in lines[0]
     assert lines[1].split() == [
-        "dim", "seqlen", "causal", "batch", "heads", "heads_kv", *backends,
+        "dim", "seqlen", "seqlen_k", "causal", "batch", "heads", "heads_kv", *backends,
         PEER_NAME_COLUMN, BEST_PEER_COLUMN, SDPA_FLASH_COLUMN,
     ]
     shape = results[0].shape
     assert lines[2].split() == [
-        "64", "1024", "False", "1", "1", "1",
+        "64", "1024", "1024", "False", "1", "1", "1",
         *(f"{tflops(shape, ms):.1f}" for ms in (1.0, 2.0, 1.5, 3.0)),
         "sdpa-cudnn", "1.50", "2.00",
     ]
     gqa = lines[3].split()
-    assert gqa[:7] == ["128", "8192", "True", "1", "32", "4", "-"]
+    assert gqa[:8] == ["128", "8192", "8192", "True", "1", "32", "4", "-"]
     assert gqa[-3:] == ["-", "-", "-"]
     assert lines[4].split()[-3:] == ["-", "-", "1.00"]  # no peer measured: no best-peer ratio
     assert len(lines) == 5
@@ -431,3 +431,13 @@ def test_cli_help_states_flops_convention():
     proc = run_cli("--help")
     assert proc.returncode == 0, proc.stderr
     assert "halved when causal" in " ".join(proc.stdout.split())
+
+
+def test_seqlen_k_rows():
+    (decode,) = grid("--dims", "128", "--seqlens", "1024", "--causal", "false", "--heads-kv", "2",
+                     "--extra-shape", "dim=128,seqlen=1,seqlen_k=8192,batch=4,causal=false")[1:]
+    assert (decode.seqlen, decode.seqlen_k, decode.batch) == (1, 8192, 4)
+    assert decode.label() == "dim=128 seqlen=1 seqlen_k=8192 causal=False heads=16 heads_kv=2"
+    assert attention_flops(decode) == 4 * 4 * 16 * 1 * 8192 * 128
+    square = Shape(dim=64, seqlen=512, causal=True, batch=1, heads=2)
+    assert square.seqlen_k == 512 and "seqlen_k" not in square.label()

@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--extra-shape", type=_extra_shape, action="append", default=[], metavar="KEY=VALUE,...",
         help=(
             "one more row after the grid, e.g. dim=128,seqlen=8192,heads=32,heads_kv=4,causal=both; "
-            "keys dim, seqlen (required), causal (both/true/false), heads, heads_kv, batch; a key "
+            "keys dim, seqlen (required), seqlen_k (default: seqlen), causal (both/true/false), "
+            "heads, heads_kv, batch; a key "
             "left out takes the grid's value (from --causal, --hidden, --heads-kv, --tokens); repeatable"
         ),
     )

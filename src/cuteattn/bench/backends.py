@@ -62,6 +62,9 @@ def _sdpa_loader(sdp_backend: str) -> Callable[[], Binder]:
             # kernel pin makes SDPA raise instead of silently falling back to another kernel.
             # Fewer k/v heads than q heads (GQA / MQA) needs enable_gqa (torch >= 2.5); it is
             # passed only then, so MHA rows also run on older torch.
+            if causal and q.shape[1] != k.shape[1]:
+                # SDPA's is_causal aligns the diagonal top-left; flash-attn's is bottom-right.
+                raise ValueError("SDPA's causal mask differs when seqlen_q != seqlen_k")
             q_t, k_t, v_t = (t.transpose(1, 2) for t in (q, k, v))
             gqa = {"enable_gqa": True} if k.shape[2] != q.shape[2] else {}
 

@@ -34,15 +34,18 @@ CAUSAL_MODES = {"both": (False, True), "true": (True,), "false": (False,)}
 # Enough calls to trigger compilation and autotuning caches before anything is timed.
 WARMUP_CALLS = 3
 CSV_FIELDS = (
-    "dtype", "dim", "seqlen", "causal", "batch", "heads", "heads_kv", "backend", "median_ms", "tflops",
+    "dtype", "dim", "seqlen", "seqlen_k", "causal", "batch", "heads", "heads_kv", "backend",
+    "median_ms", "tflops",
 )
-EXTRA_SHAPE_KEYS = ("dim", "seqlen", "causal", "heads", "heads_kv", "batch")
+EXTRA_SHAPE_KEYS = ("dim", "seqlen", "seqlen_k", "causal", "heads", "heads_kv", "batch")
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One benchmark row. q has ``heads`` heads; k and v have ``heads_kv`` (None: ``heads``,
-    i.e. MHA), which must divide ``heads`` (GQA / MQA)."""
+    """One benchmark row. q has ``heads`` heads and ``seqlen`` positions; k and v have
+    ``heads_kv`` heads (None: ``heads``, i.e. MHA), which must divide ``heads`` (GQA / MQA),
+    and ``seqlen_k`` positions (None: ``seqlen``; fewer queries than keys: prefill chunks,
+    decode)."""
 
     dim: int
     seqlen: int
@@ -50,10 +53,13 @@ class Shape:
     batch: int
     heads: int
     heads_kv: int | None = None
+    seqlen_k: int | None = None
 
     def __post_init__(self):
         if self.heads_kv is None:
             object.__setattr__(self, "heads_kv", self.heads)
+        if self.seqlen_k is None:
+            object.__setattr__(self, "seqlen_k", self.seqlen)
         if self.heads_kv <= 0 or self.heads % self.heads_kv != 0:
             raise ValueError(
                 f"heads_kv {self.heads_kv} must divide heads {self.heads} "
@@ -64,7 +70,10 @@ class Shape:
         heads = f"heads={self.heads}"
         if self.heads_kv != self.heads:
             heads += f" heads_kv={self.heads_kv}"
-        return f"dim={self.dim} seqlen={self.seqlen} causal={self.causal} {heads}"
+        seqlen = f"seqlen={self.seqlen}"
+        if self.seqlen_k != self.seqlen:
+            seqlen += f" seqlen_k={self.seqlen_k}"
+        return f"dim={self.dim} {seqlen} causal={self.causal} {heads}"
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ class ExtraShape:
     heads: int | None = None
     heads_kv: int | None = None
     batch: int | None = None
+    seqlen_k: int | None = None
 
 
 @dataclass
@@ -163,27 +173,31 @@ def build_grid(
     extra rows; a row listed twice is kept once. ``heads_kv`` None means MHA. ValueError where
     heads_kv does not divide a row's heads."""
 
-    def row(dim, seqlen, is_causal, *, batch=None, heads=None, kv=None):
+    def row(dim, seqlen, is_causal, *, batch=None, heads=None, kv=None, seqlen_k=None):
         # A field not given takes the grid's value; heads_kv None in Shape means MHA.
         return Shape(
             dim=dim, seqlen=seqlen, causal=is_causal,
             batch=max(1, tokens // seqlen) if batch is None else batch,
             heads=max(1, hidden // dim) if heads is None else heads,
             heads_kv=heads_kv if kv is None else kv,
+            seqlen_k=seqlen_k,
         )
 
     shapes = [row(dim, seqlen, is_causal) for dim in dims for seqlen in seqlens for is_causal in causal]
     for spec in extra:
         for is_causal in causal if spec.causal is None else spec.causal:
             shapes.append(
-                row(spec.dim, spec.seqlen, is_causal, batch=spec.batch, heads=spec.heads, kv=spec.heads_kv)
+                row(
+                    spec.dim, spec.seqlen, is_causal, batch=spec.batch, heads=spec.heads,
+                    kv=spec.heads_kv, seqlen_k=spec.seqlen_k,
+                )
             )
     return list(dict.fromkeys(shapes))
 
 
 def attention_flops(shape: Shape) -> int:
     # Two matmuls (QK^T and PV) of 2 * s_q * s_k * d FLOPs each; causal does half the work.
-    flops = 4 * shape.batch * shape.heads * shape.seqlen * shape.seqlen * shape.dim
+    flops = 4 * shape.batch * shape.heads * shape.seqlen * shape.seqlen_k * shape.dim
     return flops // 2 if shape.causal else flops
 
 
@@ -283,7 +297,7 @@ def format_table(results: Sequence[ShapeResult], backends: Sequence[str]) -> str
     """TFLOP/s per backend, one row per shape, then the ratios the run can report; '-' where a
     backend did not run or a ratio lacks a side."""
     columns = ratio_columns(backends)
-    header = ["dim", "seqlen", "causal", "batch", "heads", "heads_kv", *backends]
+    header = ["dim", "seqlen", "seqlen_k", "causal", "batch", "heads", "heads_kv", *backends]
     for column, _ in columns:
         if column == BEST_PEER_COLUMN:
             header.append(PEER_NAME_COLUMN)
@@ -291,7 +305,10 @@ def format_table(results: Sequence[ShapeResult], backends: Sequence[str]) -> str
     rows = []
     for result in results:
         s = result.shape
-        row = [str(s.dim), str(s.seqlen), str(s.causal), str(s.batch), str(s.heads), str(s.heads_kv)]
+        row = [
+            str(s.dim), str(s.seqlen), str(s.seqlen_k), str(s.causal), str(s.batch), str(s.heads),
+            str(s.heads_kv),
+        ]
         for backend in backends:
             value = result.tflops(backend)
             row.append("-" if value is None else f"{value:.1f}")
@@ -314,6 +331,7 @@ def csv_rows(results: Iterable[ShapeResult], dtype_name: str) -> list[dict[str, 
         for backend, ms in result.ms_by_backend.items():
             rows.append({
                 "dtype": dtype_name, "dim": str(s.dim), "seqlen": str(s.seqlen),
+                "seqlen_k": str(s.seqlen_k),
                 "causal": str(s.causal), "batch": str(s.batch), "heads": str(s.heads),
                 "heads_kv": str(s.heads_kv), "backend": backend, "median_ms": f"{ms:.6f}", "tflops": f"{tflops(s, ms):.3f}",
             })
@@ -392,8 +410,12 @@ def run_benchmark(
     for index, shape in enumerate(shapes, 1):
         # Every backend gets these same tensors; k and v carry heads_kv heads (GQA / MQA).
         q, k, v = (
-            torch.randn(shape.batch, shape.seqlen, heads, shape.dim, device="cuda", dtype=dtype)
-            for heads in (shape.heads, shape.heads_kv, shape.heads_kv)
+            torch.randn(shape.batch, seqlen, heads, shape.dim, device="cuda", dtype=dtype)
+            for seqlen, heads in (
+                (shape.seqlen, shape.heads),
+                (shape.seqlen_k, shape.heads_kv),
+                (shape.seqlen_k, shape.heads_kv),
+            )
         )
         calls = {}
         for backend, bind in binders.items():
