@@ -50,3 +50,12 @@ def check_operand_dtypes(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: 
         raise TypeError("q, k and v must share one dtype")
     if mO.element_type != mQ.element_type:
         raise TypeError("out must have the dtype of q")
+
+
+def check_same_dtype(**tensors: cute.Tensor):
+    """Trace-time check in a kernel's ``__call__``: every named tensor has one dtype."""
+    names = list(tensors)
+    first = tensors[names[0]].element_type
+    for name in names[1:]:
+        if tensors[name].element_type != first:
+            raise TypeError(f"{name} must have the dtype of {names[0]}")

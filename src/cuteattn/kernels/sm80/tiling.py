@@ -34,3 +34,45 @@ def can_implement(
         and tile_n % rows_per_pass == 0
         and smem_bytes(head_dim, tile_m, tile_n) <= smem_capacity
     )
+
+
+# ---- Backward ------------------------------------------------------------------------------------
+# Warps per GEMM, (along M, along N), by warp count: S = Q K^T / dP = dO V^T (tile_m x tile_n),
+# dK / dV (tile_n x dim), dQ (tile_m x dim). Each warp takes 16 x 16 of its GEMM's output per step.
+BACKWARD_WARP_LAYOUTS = {
+    8: ((2, 4), (4, 2), (4, 2)),
+    4: ((2, 2), (2, 2), (2, 2)),
+}
+
+
+def backward_warp_layouts(num_warps: int):
+    return BACKWARD_WARP_LAYOUTS[num_warps]
+
+
+def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int) -> int:
+    """Q and dO tiles, K and V tiles, P and dS (tile_m x tile_n each)."""
+    return (2 * tile_m * head_dim + 2 * tile_n * head_dim + 2 * tile_m * tile_n) * ELEM_BYTES
+
+
+def can_implement_backward(
+    head_dim: int, tile_m: int, tile_n: int, num_threads: int, smem_capacity: int
+) -> bool:
+    num_warps = num_threads // 32
+    if num_threads % 32 or num_warps not in BACKWARD_WARP_LAYOUTS:
+        return False
+    sdp, dkv, dq = backward_warp_layouts(num_warps)
+    rows_per_pass = rows_per_copy_pass(head_dim, num_threads)
+    return (
+        head_dim in SUPPORTED_HEAD_DIMS
+        and tile_m % (16 * sdp[0]) == 0
+        and tile_n % (16 * sdp[1]) == 0
+        and tile_n % (16 * dkv[0]) == 0
+        and head_dim % (16 * dkv[1]) == 0
+        and tile_m % (16 * dq[0]) == 0
+        and head_dim % (16 * dq[1]) == 0
+        # P and dS tiles use a swizzle atom 32 or 64 keys wide.
+        and tile_n % 32 == 0
+        and tile_m % rows_per_pass == 0
+        and tile_n % rows_per_pass == 0
+        and backward_smem_bytes(head_dim, tile_m, tile_n) <= smem_capacity
+    )

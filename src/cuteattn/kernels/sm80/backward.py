@@ -1,0 +1,395 @@
+"""Attention backward for the Ampere-class family: warp mma.sync (m16n8k16) + cp.async.
+
+Inputs (flash-attn layouts): q, dout (batch, seqlen_q, heads_q, dim); k, v (batch, seqlen_k,
+heads_kv, dim); from the preprocess (``cuteattn.kernels.bwd_prep``), per query row padded to a
+multiple of tile_m: lse_log2 = lse * log2(e) (+inf where the forward saw no key, and on the
+padding rows) and dpsum = rowsum(dout * out), both (batch, heads_q, seqlen_q_padded) fp32;
+dq_accum (batch, heads_q, seqlen_q_padded, dim) fp32, zeroed. Outputs: dk, dv in k's layout;
+softmax_scale * dS K added to dq_accum (the postprocess casts it).
+
+One CTA owns one key tile (tile_n keys) of one KV head: it keeps dK and dV of the tile in
+registers and visits every query tile of every query head that shares the KV head (GQA / MQA
+need no atomics and no expanded buffers for dK, dV). For each (query head, m_block):
+  1. cp.async Q and dO tiles (rows past seqlen_q zeroed);
+  2. S = Q K^T and dP = dO V^T (ldmatrix + mma.sync, operands in shared memory);
+  3. mask S (seqlen_k bound, causal diagonal), P = exp2(S * scale_log2 - lse_log2), the
+     probabilities of the forward without recomputing its statistics;
+     dS = P * (dP - dpsum);
+  4. P and dS (16-bit) to shared memory;
+  5. dV += P^T dO and dK += dS^T Q, the transposed operands read with ldmatrix.trans;
+  6. dQ = dS K, added to dq_accum with fp32 atomics (red.global.add).
+Then dK *= softmax_scale, and dK, dV go through shared memory (K's and V's buffers) to 128-bit
+global stores; rows past seqlen_k are not written. Key tiles no query row can see (causal,
+seqlen_q < seqlen_k... the rows above the diagonal) are skipped; a key tile that no query
+sees writes dK = dV = 0.
+
+K and V rows past seqlen_k are zeroed in shared memory: dQ = dS K must not pick up 0 * NaN.
+
+Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256; warps tile the three GEMMs as
+``tiling.backward_warp_layouts`` says (tile_m, tile_n and dim multiples of its extents).
+"""
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warp
+
+from cuteattn.kernels.common.compile_args import check_same_dtype
+from cuteattn.kernels.common.convert import convert_packed
+from cuteattn.kernels.common.epilogue import store_o
+from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
+from cuteattn.kernels.common.mask import AttentionMask
+from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.sm80 import tiling
+from cuteattn.kernels.sm80.fragments import smem_tile_atom
+from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
+
+LOG2_E = math.log2(math.e)
+
+
+def _transposed(tensor: cute.Tensor) -> cute.Tensor:
+    """A (rows, cols) shared-memory tile seen as (cols, rows)."""
+    rows, cols = cute.size(tensor, mode=[0]), cute.size(tensor, mode=[1])
+    return cute.composition(tensor, cute.make_layout((cols, rows), stride=(rows, 1)))
+
+
+def _tiled_mma(dtype, warps_mn: tuple[int, int]) -> cute.TiledMma:
+    """m16n8k16 atoms on a (warps along M, warps along N) grid; each warp takes 16 columns of N
+    per step, so ldmatrix x4 feeds B."""
+    warps_m, warps_n = warps_mn
+    return cute.make_tiled_mma(
+        warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
+        (warps_m, warps_n, 1),
+        permutation_mnk=(warps_m * 16, warps_n * 16, 16),
+    )
+
+
+def _smem_operand(copy_atom, tiled_copy_fn, tiled_mma, tidx, smem, regs) -> SmemOperand:
+    thr_copy = tiled_copy_fn(copy_atom, tiled_mma).get_slice(tidx)
+    return SmemOperand(thr_copy.partition_S(smem), thr_copy.retile(regs), thr_copy)
+
+
+class FlashBackwardSm80:
+    def __init__(
+        self,
+        *,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        tile_m: int,
+        tile_n: int,
+        num_threads: int,
+        causal: bool,
+    ):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.num_threads = num_threads
+        self.causal = causal
+        self.warps_sdp, self.warps_dkv, self.warps_dq = tiling.backward_warp_layouts(
+            num_threads // 32
+        )
+
+    can_implement = staticmethod(tiling.can_implement_backward)
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
+        mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q_padded) fp32, log2 units
+        mDpsum: cute.Tensor,  # (batch, heads_q, seqlen_q_padded) fp32
+        mdQaccum: cute.Tensor,  # (batch, heads_q, seqlen_q_padded, dim) fp32
+        mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mdV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        softmax_scale: Float32,
+        stream,
+    ):
+        check_same_dtype(q=mQ, k=mK, v=mV, dout=mdO, dk=mdK, dv=mdV)
+
+        tile_atom = smem_tile_atom(self.dtype, self.head_dim)
+        sQ_layout = cute.tile_to_shape(tile_atom, (self.tile_m, self.head_dim), (0, 1))
+        sKV_layout = cute.tile_to_shape(tile_atom, (self.tile_n, self.head_dim), (0, 1))
+        sPdS_layout = cute.tile_to_shape(
+            smem_tile_atom(self.dtype, self.tile_n), (self.tile_m, self.tile_n), (0, 1)
+        )
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
+            sdS: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024
+            ]
+
+        # Global <-> shared copies: 16 bytes per thread per access, rows of the swizzle atom.
+        elems_per_copy = 128 // self.dtype.width
+        threads_per_row = tile_atom.outer.shape[1] // elems_per_copy
+        thread_layout = cute.make_layout(
+            (self.num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)
+        )
+        value_layout = cute.make_layout((1, elems_per_copy))
+        gmem_copy_async = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                self.dtype,
+                num_bits_per_copy=128,
+            ),
+            thread_layout,
+            value_layout,
+        )
+        gmem_copy_store = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+            thread_layout,
+            value_layout,
+        )
+
+        grid = (cute.ceil_div(mK.shape[1], self.tile_n), mK.shape[2], mK.shape[0])
+        self.kernel(
+            mQ, mK, mV, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV,
+            softmax_scale * LOG2_E, softmax_scale,
+            sQ_layout, sKV_layout, sPdS_layout, gmem_copy_async, gmem_copy_store,
+            _tiled_mma(self.dtype, self.warps_sdp),
+            _tiled_mma(self.dtype, self.warps_dkv),
+            _tiled_mma(self.dtype, self.warps_dq),
+            SharedStorage,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDpsum: cute.Tensor,
+        mdQaccum: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        scale_log2: Float32,
+        softmax_scale: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        sPdS_layout: cute.ComposedLayout,
+        gmem_copy_async: cute.TiledCopy,
+        gmem_copy_store: cute.TiledCopy,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dkv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        n_block, head_kv, batch = cute.arch.block_idx()
+        tile_q = (self.tile_m, self.head_dim)
+        tile_kv = (self.tile_n, self.head_dim)
+        tile_mn = (self.tile_m, self.tile_n)
+        seqlen = SeqlenInfo.fixed(mQ, mK)
+        group = mQ.shape[2] // mK.shape[2]
+
+        # ---- Shared memory and its MMA views ------------------------------------------------------
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        sdO = storage.sdO.get_tensor(sQ_layout)
+        sK = storage.sK.get_tensor(sKV_layout)
+        sV = storage.sV.get_tensor(sKV_layout)
+        sP = storage.sP.get_tensor(sPdS_layout)
+        sdS = storage.sdS.get_tensor(sPdS_layout)
+        sQt, sdOt, sKt, sPt, sdSt = (_transposed(t) for t in (sQ, sdO, sK, sP, sdS))
+
+        thr_sdp = tiled_mma_sdp.get_slice(tidx)
+        thr_dkv = tiled_mma_dkv.get_slice(tidx)
+        thr_dq = tiled_mma_dq.get_slice(tidx)
+        # S = Q K^T and dP = dO V^T: (tile_m, tile_n), k over dim.
+        tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
+        tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
+        tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
+        tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
+        # dV += P^T dO and dK += dS^T Q: (tile_n, dim), k over tile_m.
+        tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
+        tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt))
+        tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
+        tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt))
+        # dQ = dS K: (tile_m, dim), k over tile_n.
+        tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
+        tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
+
+        ldmatrix = cute.make_copy_atom(
+            warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        ldmatrix_t = cute.make_copy_atom(
+            warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype
+        )
+        copy_a, copy_b = cute.make_tiled_copy_A, cute.make_tiled_copy_B
+        q_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sQ, tSrQ)
+        k_operand = _smem_operand(ldmatrix, copy_b, tiled_mma_sdp, tidx, sK, tSrK)
+        do_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sdO, tdPrdO)
+        v_operand = _smem_operand(ldmatrix, copy_b, tiled_mma_sdp, tidx, sV, tdPrV)
+        pt_operand = _smem_operand(ldmatrix_t, copy_a, tiled_mma_dkv, tidx, sPt, tdVrPt)
+        dot_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sdOt, tdVrdOt)
+        dst_operand = _smem_operand(ldmatrix_t, copy_a, tiled_mma_dkv, tidx, sdSt, tdKrdSt)
+        qt_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sQt, tdKrQt)
+        ds_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_dq, tidx, sdS, tdQrdS)
+        kt_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dq, tidx, sKt, tdQrKt)
+        # Registers -> shared memory for P and dS, two 16-bit values per store.
+        store_pds = cute.make_tiled_copy_C(
+            cute.make_copy_atom(
+                cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=2 * self.dtype.width
+            ),
+            tiled_mma_sdp,
+        ).get_slice(tidx)
+
+        # ---- This CTA's key tile: K and V, rows past seqlen_k zeroed ------------------------------
+        gmem_thr_copy = gmem_copy_async.get_slice(tidx)
+        coords_kv = cute.make_identity_tensor(tile_kv)
+        gK = cute.local_tile(mK[batch, None, head_kv, None], tile_kv, (n_block, 0))
+        gV = cute.local_tile(mV[batch, None, head_kv, None], tile_kv, (n_block, 0))
+        kv_rows_left = seqlen.seqlen_k - n_block * self.tile_n
+        self.load_rows(
+            gmem_copy_async, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK),
+            coords_kv, kv_rows_left,
+        )
+        self.load_rows(
+            gmem_copy_async, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV),
+            coords_kv, kv_rows_left,
+        )
+        cute.arch.cp_async_commit_group()
+
+        acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
+        acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+        coords_q = cute.make_identity_tensor(tile_q)
+        tQsQ = gmem_thr_copy.partition_D(sQ)
+        tdOsdO = gmem_thr_copy.partition_D(sdO)
+        score_coords = tile_coords(thr_sdp, tile_mn)
+
+        # ---- Query tiles that see this key tile, for every query head of the group ---------------
+        m_block_min = Int32(0)
+        if cutlass.const_expr(self.causal):
+            # Row i sees key j iff j <= i + seqlen_k - seqlen_q: the first row to see this tile.
+            first_row = n_block * self.tile_n - seqlen.seqlen_k + seqlen.seqlen_q
+            m_block_min = cutlass.max(first_row, 0) // self.tile_m
+        m_block_max = cute.ceil_div(seqlen.seqlen_q, self.tile_m)
+        num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
+        for step in cutlass.range(group * num_m_blocks, unroll=1):
+            head = head_kv * group + step // num_m_blocks
+            m_block = m_block_min + step % num_m_blocks
+            q_rows_left = seqlen.seqlen_q - m_block * self.tile_m
+
+            # 1. Q and dO of this query tile (the previous step's readers passed the barrier).
+            gQ = cute.local_tile(mQ[batch, None, head, None], tile_q, (m_block, 0))
+            gdO = cute.local_tile(mdO[batch, None, head, None], tile_q, (m_block, 0))
+            self.load_rows(
+                gmem_copy_async, gmem_thr_copy.partition_S(gQ), tQsQ, coords_q, q_rows_left
+            )
+            self.load_rows(
+                gmem_copy_async, gmem_thr_copy.partition_S(gdO), tdOsdO, coords_q, q_rows_left
+            )
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+
+            # 2. S = Q K^T, dP = dO V^T
+            acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_mn), Float32)
+            acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_mn), Float32)
+            acc_S.fill(0.0)
+            acc_dP.fill(0.0)
+            gemm(tiled_mma_sdp, acc_S, tSrQ, tSrK, k_operand, a_from_smem=q_operand)
+            gemm(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, v_operand, a_from_smem=do_operand)
+
+            # 3. P from the forward's lse; dS = P (dP - rowsum(dO O))
+            mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
+            mask.apply(
+                acc_S, thr_sdp, m_block, n_block, mask_seqlen=True, mask_causal=self.causal
+            )
+            gLSE = cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,))
+            gDpsum = cute.local_tile(mDpsum[batch, head, None], (self.tile_m,), (m_block,))
+            scores = acc_as_rows_cols(acc_S)
+            dscores = acc_as_rows_cols(acc_dP)
+            for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
+                row = score_coords[r, 0][0]
+                lse_log2 = gLSE[row]
+                dpsum = gDpsum[row]
+                for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
+                    prob = cute.math.exp2(scores[r, c] * scale_log2 - lse_log2, fastmath=True)
+                    scores[r, c] = prob
+                    dscores[r, c] = prob * (dscores[r, c] - dpsum)
+
+            # 4. P and dS to shared memory
+            rP = cute.make_fragment_like(acc_S, self.dtype)
+            rdS = cute.make_fragment_like(acc_dP, self.dtype)
+            convert_packed(acc_S, rP)
+            convert_packed(acc_dP, rdS)
+            cute.copy(store_pds, store_pds.retile(rP), store_pds.partition_D(sP))
+            cute.copy(store_pds, store_pds.retile(rdS), store_pds.partition_D(sdS))
+            cute.arch.barrier()
+
+            # 5. dV += P^T dO, dK += dS^T Q
+            gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, dot_operand, a_from_smem=pt_operand)
+            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_operand, a_from_smem=dst_operand)
+
+            # 6. dQ += softmax_scale * dS K, in fp32 atomics
+            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
+            acc_dQ.fill(0.0)
+            gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
+            gdQ = cute.local_tile(mdQaccum[batch, head, None, None], tile_q, (m_block, 0))
+            tdQgdQ = thr_dq.partition_C(gdQ)
+            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                cute.arch.atomic_add(
+                    tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i] * softmax_scale
+                )
+            # Every warp is done with this step's Q, dO, P and dS before the next load.
+            cute.arch.barrier()
+
+        # ---- Epilogue: dK, dV through K's and V's buffers ---------------------------------------
+        # K and V landed even where no query tile was visited (their buffers are reused).
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        for i in cutlass.range_constexpr(cute.size(acc_dK)):
+            acc_dK[i] = acc_dK[i] * softmax_scale
+        for acc, smem, mgrad in ((acc_dK, sK, mdK), (acc_dV, sV, mdV)):
+            store_o(
+                acc,
+                smem,
+                cute.local_tile(mgrad[batch, None, head_kv, None], tile_kv, (n_block, 0)),
+                kv_rows_left,
+                tiled_mma=tiled_mma_dkv,
+                gmem_tiled_copy=gmem_copy_store,
+                tidx=tidx,
+                sync=cute.arch.barrier,
+            )
+
+    @cute.jit
+    def load_rows(
+        self,
+        tiled_copy: cute.TiledCopy,
+        src: cute.Tensor,
+        dst: cute.Tensor,
+        coords: cute.Tensor,
+        rows_left: Int32,
+    ):
+        """cp.async the rows of a tile below ``rows_left``; zero the others (they feed MMAs whose
+        results must stay finite). ``coords``: the tile's identity tensor, partitioned."""
+        thr_copy = tiled_copy.get_slice(cute.arch.thread_idx()[0])
+        thread_coords = thr_copy.partition_S(coords)
+        # Thread 0's rows are compile-time constants: compare them with one per-thread bound.
+        coords_t0 = tiled_copy.get_slice(0).partition_S(coords)
+        thread_rows_left = rows_left - thread_coords[0][0]
+        for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+            if coords_t0[0, m, 0][0] < thread_rows_left:
+                cute.copy(tiled_copy, src[None, m, None], dst[None, m, None])
+            else:
+                dst[None, m, None].fill(0)
