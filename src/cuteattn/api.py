@@ -14,7 +14,7 @@ calls: checking a family name loads the family modules, which dynamo does not tr
 import torch
 
 from cuteattn import ops, validate
-from cuteattn.plan import KernelPlan, check_plan, get_family
+from cuteattn.plan import KernelPlan, check_plan, get_family, plan_backward
 
 
 def _requires_grad(*tensors) -> bool:
@@ -88,12 +88,18 @@ def flash_attn_func(
       Local windows are not supported yet (NotImplementedError).
     - ``softcap``: >= 0; only 0.0 (off) is supported yet.
     - ``alibi_slopes``: only None is supported (NotImplementedError else).
-    - ``deterministic``: accepted and checked. The forward is deterministic already (each
-      output row is reduced in one fixed order, no atomics); the flag is for the backward,
-      which is not written yet.
+    - ``deterministic``: the forward is deterministic already (each output row is reduced in
+      one fixed order, no atomics). The backward accumulates dq with atomics, so
+      ``deterministic=True`` with inputs that require grad raises NotImplementedError until
+      the ordered dq accumulation exists.
     - ``return_attn_probs``: only False; flash-attn 2 returns (out, softmax_lse, S_dmask) with
       it. Ask for the lse with ``return_lse=True`` instead.
-    - ``out``, if given, receives the result; it must not overlap q, k or v.
+    - ``out``, if given, receives the result; it must not overlap q, k or v. With inputs that
+      require grad the result is computed in a new tensor and copied into ``out``.
+
+    Differentiable in q, k and v (not through lse): with grad enabled and an input that
+    requires grad, the call records ``torch.ops.cuteattn.attention``, whose backward runs the
+    backward kernels.
 
     Returns out, or (out, lse) with ``return_lse``; lse is (batch, heads_q, seqlen_q) fp32,
     natural log. Rows that see no key get out = 0 and lse = -inf. docs/MIGRATING.md maps
@@ -154,14 +160,27 @@ def forward(
     if plan is not None and not isinstance(plan, KernelPlan):
         raise TypeError(f"plan must be a cuteattn.plan.KernelPlan, got {type(plan).__name__}")
     validate.check_devices(q, k, v, out)
-    if _requires_grad(q, k, v):
-        raise NotImplementedError(
-            "the backward pass is not implemented yet; call under torch.no_grad() or detach q/k/v"
-        )
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
 
     softmax_scale = float(softmax_scale)
+    if _requires_grad(q, k, v):
+        if deterministic:
+            raise NotImplementedError(
+                "deterministic=True: the backward accumulates dq with atomics (run-to-run "
+                "bitwise equality is not implemented yet); pass deterministic=False"
+            )
+        if plan is not None:
+            raise NotImplementedError(
+                "an explicit plan runs the forward only; call under torch.no_grad() or use "
+                "backward(..., plan=) for the backward"
+            )
+        result, lse = ops.attention(q, k, v, softmax_scale, causal, family)
+        if out is None:
+            return result, lse
+        validate.check_out_memory(out, q, k, v)
+        out.copy_(result)
+        return out, lse
     if plan is not None:
         # A KernelPlan cannot cross the op's schema: an explicit plan is launched directly.
         check_plan(plan, ops.forward_problem(q, k, v, causal=causal))
@@ -178,3 +197,54 @@ def _out_or_new(out, q, v) -> torch.Tensor:
     if out is not None:
         return out
     return torch.empty(ops.out_shape(q, v), dtype=q.dtype, device=q.device)
+
+
+def backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    *,
+    softmax_scale=None,
+    causal=False,
+    family: str | None = None,
+    plan: KernelPlan | None = None,
+    dq=None,
+    dk=None,
+    dv=None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of attention(q, k, v) -> (out, lse) for the output gradient ``dout``: the
+    backward that autograd runs, as a direct call (flash-attn's ``_flash_attn_backward``).
+
+    ``dq``, ``dk``, ``dv``, if given, receive the gradients (shapes and dtypes of q, k, v; no
+    overlap with the inputs; dk and dv kernel-addressable). ``family`` forces a family with a
+    backward kernel; ``plan`` runs an explicit backward plan (``kind="backward"``), which must
+    match the inputs. Buffers and plans are for eager calls; the op path allocates.
+    """
+    validate.check_forward(q, k, v, None)
+    validate.check_backward(dout, q, out, lse)
+    validate.check_grad_buffers(q, k, v, dout, out, dq=dq, dk=dk, dv=dv)
+    validate.check_scalars(softmax_scale, 0.0)
+    validate.check_flag("causal", causal)
+    if family is not None and plan is not None:
+        raise ValueError("give family or plan, not both (a plan names its family)")
+    if family is not None and not get_family(family).has_backward:
+        raise NotImplementedError(f"kernel family {family!r} has no backward kernel yet")
+    validate.check_devices(q, k, v, dout)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    softmax_scale = float(softmax_scale)
+    buffers = dict(dq=dq, dk=dk, dv=dv)
+    if plan is None and all(x is None for x in buffers.values()):
+        return ops.backward(dout, q, k, v, out, lse, softmax_scale, causal, family)
+    if plan is None:
+        plan = plan_backward(
+            ops.forward_problem(q, k, v, causal=causal), family=ops.backward_family(family)
+        )
+    if not isinstance(plan, KernelPlan) or plan.kind != "backward":
+        raise TypeError(f"plan must be a backward KernelPlan, got {plan!r}")
+    check_plan(plan, ops.forward_problem(q, k, v, causal=causal))
+    dout, q, k, v = (validate.kernel_ready(x) for x in (dout, q, k, v))
+    return ops.launch_backward(dout, q, k, v, out, lse, softmax_scale, plan, **buffers)

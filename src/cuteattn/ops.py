@@ -22,9 +22,18 @@ validating the arguments; torch.compile traces that code and records this one op
   planner's NotImplementedError reaches the caller unchanged from the real implementation,
   before any launch.
 
-No autograd formula is registered yet: the backward kernels do not exist, and api refuses
-inputs that require grad up front (NotImplementedError). The backward issue adds
-``register_autograd`` here.
+Training goes through a second, functional op (torch's autograd registration needs one):
+
+    cuteattn::attention(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal,
+                        str? family) -> (Tensor out, Tensor lse)
+    cuteattn::backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
+                       float softmax_scale, bool causal, str? family) -> (Tensor dq, Tensor dk,
+                       Tensor dv)
+
+``attention`` saves q, k, v, out and lse (no copies) and its autograd formula calls
+``backward``, which plans the backward on the device's arch (``plan_backward``: the first
+family with a backward kernel, or ``family`` when that family has one) and runs
+``launch_backward``. The gradient of lse is not propagated (as in flash-attn).
 
 ``launch_forward`` runs a given plan's kernel. The op calls it; so does api.forward for an
 explicit ``plan=`` (tests and the benchmark), which cannot go through the op since a plan
@@ -36,9 +45,11 @@ import functools
 import torch
 
 from cuteattn import validate
-from cuteattn.plan import KernelPlan, Problem, plan_forward
+from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_forward
 from cuteattn.runtime.arch import device_arch
-from cuteattn.runtime.compile import compile_forward
+from cuteattn.runtime.compile import compile_backward, compile_forward
+
+LOG2_E = 1.4426950408889634
 
 
 @functools.cache
@@ -118,3 +129,119 @@ def forward(
 @forward.register_fake
 def _forward_fake(q, k, v, out, softmax_scale, causal, family):
     return empty_lse(q)
+
+
+# ---- Training: a functional forward with an autograd formula, and the backward --------------
+
+
+@torch.library.custom_op("cuteattn::attention", mutates_args=())
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    family: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of validated q, k, v in new tensors; differentiable in q, k, v."""
+    q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
+    out = torch.empty(out_shape(q, v), dtype=q.dtype, device=q.device)
+    plan = plan_forward(forward_problem(q, k, v, causal=causal), family=family)
+    return out, launch_forward(q, k, v, out, softmax_scale, plan)
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, softmax_scale, causal, family):
+    return q.new_empty(out_shape(q, v)), empty_lse(q)
+
+
+def launch_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float,
+    plan: KernelPlan,
+    *,
+    dq: torch.Tensor | None = None,
+    dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run ``plan``'s backward on the current stream: returns (dq, dk, dv), written into the
+    given buffers (dk, dv kernel-addressable: ``validate.check_grad_buffers``) or new ones.
+
+    The preprocess and postprocess are PyTorch for now (issue 6 moves them into kernels):
+    rowsum(dout * out) and lse in log2 units (+inf where the forward saw no key, so those
+    probabilities are 0), both padded to whole query tiles (padding rows: dpsum 0, lse +inf);
+    dq = the fp32 accumulator (the kernel folds softmax_scale in) cast to q's dtype.
+    """
+    with torch.cuda.device(q.device):
+        batch, seqlen_q, heads_q, dim = q.shape
+        rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
+        f32 = dict(dtype=torch.float32, device=q.device)
+        dpsum = torch.zeros(batch, heads_q, rows, **f32)
+        dpsum[:, :, :seqlen_q] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
+        lse_log2 = torch.full((batch, heads_q, rows), float("inf"), **f32)
+        lse_log2[:, :, :seqlen_q] = torch.where(lse == -float("inf"), float("inf"), lse * LOG2_E)
+        dq_accum = torch.zeros(batch, heads_q, rows, dim, **f32)
+        if dk is None:
+            dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        if dv is None:
+            dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        kernel = compile_backward(plan)
+        kernel(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, softmax_scale)
+        if dq is None:
+            dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dq.copy_(dq_accum[:, :, :seqlen_q].transpose(1, 2))
+    return dq, dk, dv
+
+
+def backward_family(family: str | None) -> str | None:
+    """The family to plan a backward with: the forward's override if it has a backward kernel,
+    else the planner's choice."""
+    if family is not None and get_family(family).has_backward:
+        return family
+    return None
+
+
+@torch.library.custom_op("cuteattn::backward", mutates_args=())
+def backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    family: str | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of attention(q, k, v) for the output gradient ``dout``."""
+    dout, q, k, v = (validate.kernel_ready(x) for x in (dout, q, k, v))
+    plan = plan_backward(forward_problem(q, k, v, causal=causal), family=backward_family(family))
+    return launch_backward(dout, q, k, v, out, lse, softmax_scale, plan)
+
+
+@backward.register_fake
+def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, family):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, family = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale, ctx.causal, ctx.family = softmax_scale, causal, family
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = backward(
+        grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.family
+    )
+    return dq, dk, dv, None, None, None
+
+
+attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from cuteattn.kernels.family import KernelFamily
 
 DTYPES = ("bf16", "fp16")
+KINDS = ("forward", "backward")
 
 # Family descriptor modules, most preferred first. A module that does not exist (a family not
 # written yet) is skipped; each one that exists exposes FAMILY, a KernelFamily.
@@ -46,7 +47,9 @@ class Problem:
 class KernelPlan:
     """One compiled kernel: the compile-cache key.
 
-    ``num_stages`` counts K/V buffers in shared memory (the sm80 family uses 1). ``options``
+    ``kind`` is the pass: "forward" or "backward" (the main backward kernel: dK, dV and the dQ
+    accumulation). ``num_stages`` counts K/V buffers in shared memory (the sm80 family uses 1).
+    ``options``
     holds a family's own compile-time switches as (name, value) pairs sorted by name, e.g.
     ``(("intra_wg_overlap", True), ("pingpong", False))``: one field that every family can use,
     rather than a field per switch of one family on every plan. Read them with ``option``.
@@ -62,8 +65,11 @@ class KernelPlan:
     num_threads: int
     num_stages: int = 1
     options: tuple[tuple[str, object], ...] = ()
+    kind: str = "forward"
 
     def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if not isinstance(self.options, tuple) or not all(
             isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
             for pair in self.options
@@ -108,13 +114,17 @@ def get_family(name: str) -> "KernelFamily":
     )
 
 
-def _plan_or_reason(family: "KernelFamily", problem: Problem) -> tuple[KernelPlan | None, str]:
+def _plan_or_reason(
+    family: "KernelFamily", problem: Problem, kind: str = "forward"
+) -> tuple[KernelPlan | None, str]:
     if not family.supports(problem.arch):
         return None, f"does not run on {problem.arch.name}"
+    if kind == "backward" and not family.has_backward:
+        return None, "has no backward kernel yet"
     reason = family.reject_reason(problem)
     if reason is not None:
         return None, reason
-    plan = family.choose(problem)
+    plan = family.choose(problem) if kind == "forward" else family.choose_backward(problem)
     if plan is None:
         smem_kb = problem.arch.smem_per_block // 1024
         return None, (
@@ -126,21 +136,34 @@ def _plan_or_reason(family: "KernelFamily", problem: Problem) -> tuple[KernelPla
 
 def plan_forward(problem: Problem, family: str | None = None) -> KernelPlan:
     """The plan for ``problem``: the first family that can run it, or the ``family`` named."""
+    return _plan(problem, family, "forward")
+
+
+def plan_backward(problem: Problem, family: str | None = None) -> KernelPlan:
+    """The backward plan for ``problem`` (the forward's shapes): the first family with a
+    backward kernel that can run it, or the ``family`` named."""
+    return _plan(problem, family, "backward")
+
+
+def _plan(problem: Problem, family: str | None, kind: str) -> KernelPlan:
     if problem.dtype not in DTYPES:
         raise ValueError(f"dtype {problem.dtype!r} is not one of {DTYPES}")
     if family is not None:
-        plan, reason = _plan_or_reason(get_family(family), problem)
+        plan, reason = _plan_or_reason(get_family(family), problem, kind)
         if plan is None:
-            raise NotImplementedError(f"kernel family {family!r} cannot run this problem: {reason}")
+            raise NotImplementedError(
+                f"kernel family {family!r} cannot run this problem's {kind}: {reason}"
+            )
         return plan
     reasons = []
     for candidate in families():
-        plan, reason = _plan_or_reason(candidate, problem)
+        plan, reason = _plan_or_reason(candidate, problem, kind)
         if plan is not None:
             return plan
         reasons.append(f"{candidate.name}: {reason}")
     raise NotImplementedError(
-        f"no kernel family can run this problem on {problem.arch.name} ({'; '.join(reasons)})"
+        f"no kernel family can run this problem's {kind} on {problem.arch.name} "
+        f"({'; '.join(reasons)})"
     )
 
 

@@ -41,3 +41,16 @@ def assert_close_to_reference(
         raise AssertionError(
             f"{name}: max error {err:.3e} > {factor} x PyTorch's {pt_err:.3e} + {floor:.0e}"
         )
+
+
+def reference_grads(q, k, v, dout, *, causal=False, softmax_scale=None, upcast=True):
+    """(dq, dk, dv) of ``reference.attention`` for the output gradient ``dout``: fp32 with
+    ``upcast`` (the oracle), else in the inputs' dtype (PyTorch's own low-precision error)."""
+    from cuteattn.reference import attention
+
+    def output(q, k, v):
+        return attention(q, k, v, softmax_scale=softmax_scale, causal=causal, upcast=upcast)[0]
+
+    # torch.func, not autograd: it also works below the autograd dispatch key (inside an op).
+    out, vjp = torch.func.vjp(output, q.detach(), k.detach(), v.detach())
+    return vjp(dout.to(out.dtype))

@@ -187,6 +187,57 @@ def check_forward(q, k, v, out=None):
             raise _out_not_addressable(out)
 
 
+def check_backward(dout, q, out, lse):
+    """Structural checks of the backward's extra inputs: dout and out like q's output, lse
+    (batch, heads_q, seqlen_q) fp32."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    for name, x in (("dout", dout), ("out", out)):
+        _tensor(name, x)
+        _rank(name, x, 4, "(batch, seqlen_q, heads_q, dim)")
+        if tuple(x.shape) != tuple(q.shape):
+            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got {tuple(x.shape)}")
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+    _tensor("lse", lse)
+    if tuple(lse.shape) != (batch, heads_q, seqlen_q):
+        raise ValueError(
+            f"lse must have shape (batch, heads_q, seqlen_q) {(batch, heads_q, seqlen_q)}, "
+            f"got {tuple(lse.shape)}"
+        )
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be torch.float32, got {lse.dtype}")
+    for name, x in (("dout", dout), ("out", out), ("lse", lse)):
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+
+
+def check_grad_buffers(q, k, v, dout, out, *, dq=None, dk=None, dv=None):
+    """Caller-supplied gradient buffers: shape and dtype of their input, on its device, not
+    overlapping any input; dk and dv (written by the kernel in place) kernel-addressable."""
+    inputs = {"q": q, "k": k, "v": v, "dout": dout, "out": out}
+    for name, buffer, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if buffer is None:
+            continue
+        _tensor(name, buffer)
+        if tuple(buffer.shape) != tuple(like.shape) or buffer.dtype != like.dtype:
+            raise ValueError(
+                f"{name} must have the shape and dtype of its input {tuple(like.shape)} "
+                f"{like.dtype}, got {tuple(buffer.shape)} {buffer.dtype}"
+            )
+        if buffer.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {buffer.device}")
+        if not has_memory(buffer, *inputs.values()):
+            continue
+        for other_name, other in inputs.items():
+            if may_share_memory(buffer, other):
+                raise ValueError(f"{name} must not overlap {other_name}")
+        if name != "dq" and not kernel_addressable(buffer):
+            raise ValueError(
+                f"{name} must have a contiguous last dim, 16-byte multiple strides and a "
+                f"16-byte aligned start; got strides {buffer.stride()}"
+            )
+
+
 def check_devices(q, k, v, out=None):
     """All tensors on the device of q, and that device a CUDA one."""
     for name, x in (("k", k), ("v", v), ("out", out)):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from cuteattn.bench.__main__ import build_parser, grid_from_args, main
 from cuteattn.bench.backends import (
@@ -441,3 +442,33 @@ def test_seqlen_k_rows():
     assert attention_flops(decode) == 4 * 4 * 16 * 1 * 8192 * 128
     square = Shape(dim=64, seqlen=512, causal=True, batch=1, heads=2)
     assert square.seqlen_k == 512 and "seqlen_k" not in square.label()
+
+
+def test_backward_binder_times_the_gradient_of_a_recorded_forward():
+    from cuteattn.bench.backends import backward_binder
+
+    forward_calls = []
+
+    def bind(q, k, v, causal):
+        def call():
+            forward_calls.append(causal)
+            return q * k.sum() + v
+
+        return call
+
+    q, k, v = (torch.randn(2, 3) for _ in range(3))
+    call = backward_binder(bind)(q, k, v, True)
+    dq, dk, dv = call()
+    dq_again, _, _ = call()  # the graph is retained: the call repeats
+    assert forward_calls == [True]  # the forward ran once, at bind time
+    assert torch.equal(dq, dq_again) and dv.shape == v.shape and not q.requires_grad
+
+
+def test_backward_rows_count_two_and_a_half_forwards():
+    from cuteattn.bench.runner import BACKWARD_FLOPS_FACTOR
+
+    shape = Shape(dim=64, seqlen=1024, causal=False, batch=1, heads=8)
+    forward = ShapeResult(shape, {"cuteattn": 2.0})
+    backward = ShapeResult(shape, {"cuteattn": 2.0}, BACKWARD_FLOPS_FACTOR)
+    assert backward.tflops("cuteattn") == pytest.approx(2.5 * forward.tflops("cuteattn"))
+    assert "TFLOP/s, backward" in format_table([backward], ["cuteattn"], "bwd")

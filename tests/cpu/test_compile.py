@@ -11,8 +11,8 @@ arch, head dim, causal, dtype); deselected by default, run with ``pytest -m comp
 import pytest
 
 from cuteattn.arch import arch_from_name
-from cuteattn.plan import families, get_family, plan_forward
-from cuteattn.runtime.compile import compile_forward
+from cuteattn.plan import Problem, families, get_family, plan_backward, plan_forward
+from cuteattn.runtime.compile import compile_backward, compile_forward
 
 TARGETS = ("sm_80", "sm_90a", "sm_120a")
 DTYPES = ("bf16", "fp16")
@@ -90,3 +90,31 @@ def test_forward_compiles(case):
 @pytest.mark.parametrize("case", list(full_matrix()), ids=case_id)
 def test_forward_compiles_full_matrix(case):
     compile_case(*case)
+
+
+def backward_cases(cases):
+    """The (family, arch, ...) cases of families that have a backward kernel."""
+    return [case for case in cases if get_family(case[0]).has_backward]
+
+
+def compile_backward_case(family, arch, head_dim, causal, dtype):
+    problem = Problem(
+        batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+        head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
+    )
+    plan = plan_backward(problem, family=family)
+    assert plan.kind == "backward" and plan.arch == arch_from_name(arch).name
+    assert compile_backward(plan) is not None, plan
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", backward_cases(covering_sample()), ids=case_id)
+def test_backward_compiles(case):
+    compile_backward_case(*case)
+
+
+@pytest.mark.compile
+@pytest.mark.compile_full
+@pytest.mark.parametrize("case", backward_cases(full_matrix()), ids=case_id)
+def test_backward_compiles_full_matrix(case):
+    compile_backward_case(*case)

@@ -165,15 +165,17 @@ def test_the_op_makes_its_inputs_kernel_addressable(cpu_launch):
     assert_matches_reference(out, lse, q, k, v, causal=False, softmax_scale=0.125)
 
 
-def test_inputs_that_require_grad_are_refused_before_the_op(cpu_launch):
-    """No autograd formula is registered until the backward kernels exist."""
+def test_inputs_that_require_grad_take_the_training_op(cpu_launch):
+    """With grad, flash_attn_func records cuteattn::attention (tests/cpu/test_training_op.py),
+    not this op; without, this one."""
     q, k, v = qkv()
     q.requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"the backward pass is not implemented yet"):
+    with OpRecorder() as recorder:
         cuteattn.flash_attn_func(q, k, v)
-    with torch.no_grad():
-        cuteattn.flash_attn_func(q, k, v)
-    assert len(cpu_launch) == 1
+        with torch.no_grad():
+            cuteattn.flash_attn_func(q, k, v)
+    assert recorder.ops.count(torch.ops.cuteattn.attention.default) == 1
+    assert recorder.ops.count(OP) == 1
 
 
 # Fake tensors ---------------------------------------------------------------------------

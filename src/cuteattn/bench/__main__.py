@@ -13,13 +13,16 @@ from .backends import (
     DEFAULT_BACKENDS,
     Binder,
     UnknownBackendError,
+    backward_binder,
     load_backend,
     one_line,
     parse_backend_names,
 )
 from .runner import (
+    BACKWARD_FLOPS_FACTOR,
     CAUSAL_MODES,
     FLOPS_NOTE,
+    MODE_NAMES,
     ExtraShape,
     Shape,
     build_grid,
@@ -72,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m cuteattn.bench",
         description=(
-            "Forward attention TFLOP/s of several backends on the same inputs, timed in "
+            "Attention TFLOP/s (the forward, or with --mode bwd the backward) of several "
+            "backends on the same inputs, timed in "
             f"interleaved rounds (median over rounds). {FLOPS_NOTE}. The table and summary "
             "hold cuteattn against the faster of fa4 and sdpa-cudnn per row (cuteattn/best-peer) "
             "and against sdpa-flash, as TFLOP/s ratios."
@@ -108,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
             "left out takes the grid's value (from --causal, --hidden, --heads-kv, --tokens); repeatable"
         ),
     )
+    parser.add_argument("--mode", choices=tuple(MODE_NAMES), default="fwd",
+                        help="time the forward, or the backward of a recorded forward (FLOPs "
+                             f"counted as {BACKWARD_FLOPS_FACTOR}x the forward's) (default: fwd)")
     parser.add_argument("--rounds", type=_positive_int, default=5,
                         help="interleaved rounds per shape; the median is reported (default: 5)")
     parser.add_argument("--iters", type=_positive_int, default=10,
@@ -147,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     print(format_environment(collect_environment()))
-    print(f"# dtype: {args.dtype}, tokens: {args.tokens}, hidden: {args.hidden}, "
+    print(f"# mode: {MODE_NAMES[args.mode]}, dtype: {args.dtype}, tokens: {args.tokens}, hidden: {args.hidden}, "
           f"heads_kv: {args.heads_kv or 'heads (MHA)'}, rounds: {args.rounds}, iters: {args.iters}")
 
     binders = load_available(args.backends)
@@ -155,9 +162,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("cuteattn.bench: no backend could be loaded", file=sys.stderr)
         return 1
 
-    results = run_benchmark(shapes, binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters)
+    flops_factor = 1.0
+    if args.mode == "bwd":
+        binders = {name: backward_binder(bind) for name, bind in binders.items()}
+        flops_factor = BACKWARD_FLOPS_FACTOR
+    results = run_benchmark(
+        shapes, binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters,
+        flops_factor=flops_factor,
+    )
     print()
-    print(format_table(results, list(binders)))
+    print(format_table(results, list(binders), args.mode))
     summaries = format_summaries(results, list(binders))
     if summaries:
         print()

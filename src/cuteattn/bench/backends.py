@@ -114,6 +114,20 @@ BACKEND_NAMES: tuple[str, ...] = tuple(LOADERS)
 DEFAULT_BACKENDS: tuple[str, ...] = ("cuteattn", "sdpa-flash", "sdpa-cudnn", "fa4")
 
 
+def backward_binder(bind: Binder) -> Binder:
+    """A binder whose call runs the backward of ``bind``'s forward: the forward is recorded
+    once at bind time (inputs that require grad), each call computes dq, dk, dv for a fixed
+    random dout through autograd (the graph retained)."""
+
+    def bind_backward(q, k, v, causal):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        out = bind(*leaves, causal)()
+        dout = torch.randn_like(out)
+        return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+    return bind_backward
+
+
 def parse_backend_names(spec: str) -> list[str]:
     """Split a comma-separated backend list, keeping the user's order and dropping repeats."""
     names = list(dict.fromkeys(name.strip() for name in spec.split(",") if name.strip()))

@@ -31,6 +31,11 @@ PEER_NAME_COLUMN = "best-peer"
 SDPA_FLASH_COLUMN = "cuteattn/sdpa-flash"
 RATIO_NOTE = "ratio = cuteattn TFLOP/s / the other's TFLOP/s (same inputs; >1: cuteattn faster)"
 CAUSAL_MODES = {"both": (False, True), "true": (True,), "false": (False,)}
+# Timed pass: the forward, or the backward (dq, dk, dv from a recorded forward), whose FLOPs
+# are counted as 2.5x the forward's (flash-attn's convention: five GEMMs of the forward's two
+# sizes' worth, recomputing S).
+MODE_NAMES = {"fwd": "forward", "bwd": "backward"}
+BACKWARD_FLOPS_FACTOR = 2.5
 # Enough calls to trigger compilation and autotuning caches before anything is timed.
 WARMUP_CALLS = 3
 CSV_FIELDS = (
@@ -95,10 +100,12 @@ class ShapeResult:
     shape: Shape
     # Median milliseconds per call; a backend that failed on this shape is absent.
     ms_by_backend: dict[str, float]
+    # FLOPs of the timed pass over the forward's: 1 forward, BACKWARD_FLOPS_FACTOR backward.
+    flops_factor: float = 1.0
 
     def tflops(self, backend: str) -> float | None:
         ms = self.ms_by_backend.get(backend)
-        return None if ms is None else tflops(self.shape, ms)
+        return None if ms is None else tflops(self.shape, ms) * self.flops_factor
 
 
 class RowRatio(NamedTuple):
@@ -293,7 +300,9 @@ def format_summaries(results: Sequence[ShapeResult], backends: Sequence[str]) ->
     return "\n".join(blocks)
 
 
-def format_table(results: Sequence[ShapeResult], backends: Sequence[str]) -> str:
+def format_table(
+    results: Sequence[ShapeResult], backends: Sequence[str], mode: str = "fwd"
+) -> str:
     """TFLOP/s per backend, one row per shape, then the ratios the run can report; '-' where a
     backend did not run or a ratio lacks a side."""
     columns = ratio_columns(backends)
@@ -319,7 +328,7 @@ def format_table(results: Sequence[ShapeResult], backends: Sequence[str]) -> str
             row.append("-" if row_ratio is None else f"{row_ratio.value:.2f}")
         rows.append(row)
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
-    lines = [f"# TFLOP/s, forward. {FLOPS_NOTE}"]
+    lines = [f"# TFLOP/s, {MODE_NAMES[mode]}. {FLOPS_NOTE}"]
     lines += ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in [header, *rows]]
     return "\n".join(lines)
 
@@ -333,7 +342,7 @@ def csv_rows(results: Iterable[ShapeResult], dtype_name: str) -> list[dict[str, 
                 "dtype": dtype_name, "dim": str(s.dim), "seqlen": str(s.seqlen),
                 "seqlen_k": str(s.seqlen_k),
                 "causal": str(s.causal), "batch": str(s.batch), "heads": str(s.heads),
-                "heads_kv": str(s.heads_kv), "backend": backend, "median_ms": f"{ms:.6f}", "tflops": f"{tflops(s, ms):.3f}",
+                "heads_kv": str(s.heads_kv), "backend": backend, "median_ms": f"{ms:.6f}", "tflops": f"{result.tflops(backend):.3f}",
             })
     return rows
 
@@ -391,6 +400,7 @@ def run_benchmark(
     rounds: int,
     iters: int,
     log: Callable[[str], None] = log_to_stderr,
+    flops_factor: float = 1.0,
 ) -> list[ShapeResult]:
     """Time every backend on every shape in interleaved rounds; report medians over rounds.
 
@@ -439,7 +449,9 @@ def run_benchmark(
                     skip(backend, shape, exc)
                     del samples[backend]
 
-        result = ShapeResult(shape, {b: statistics.median(ms) for b, ms in samples.items()})
+        result = ShapeResult(
+            shape, {b: statistics.median(ms) for b, ms in samples.items()}, flops_factor
+        )
         results.append(result)
         measured = ", ".join(f"{b} {result.tflops(b):.1f}" for b in result.ms_by_backend) or "nothing ran"
         log(f"[{index}/{len(shapes)}] {shape.label()} batch={shape.batch}: {measured} TFLOP/s")

@@ -29,6 +29,9 @@ class KernelFamily(abc.ABC):
 
     name: ClassVar[str]
     head_dims: ClassVar[tuple[int, ...]]
+    # Whether the family has a backward kernel (``backward_candidates``, ``kind="backward"``
+    # plans in ``can_implement`` and ``kernel``).
+    has_backward: ClassVar[bool] = False
 
     @abc.abstractmethod
     def supports(self, arch: ArchCaps) -> bool:
@@ -48,6 +51,10 @@ class KernelFamily(abc.ABC):
     @abc.abstractmethod
     def candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
         """The plans the family would try for ``problem``, best first, before any fit test."""
+
+    def backward_candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
+        """The backward plans the family would try for ``problem``, best first."""
+        return ()
 
     @abc.abstractmethod
     def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
@@ -73,9 +80,23 @@ class KernelFamily(abc.ABC):
 
         return fake_forward_args(plan)
 
+    def fake_backward_args(self, plan: KernelPlan) -> tuple:
+        """(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv) fake DSL tensors to compile a
+        backward plan's kernel with."""
+        from cuteattn.kernels.common.compile_args import fake_backward_args
+
+        return fake_backward_args(plan)
+
     def choose(self, problem: Problem) -> KernelPlan | None:
         """The first candidate that ``can_implement`` on the problem's arch, or None."""
         for plan in self.candidates(problem):
+            if self.can_implement(plan, problem.arch):
+                return plan
+        return None
+
+    def choose_backward(self, problem: Problem) -> KernelPlan | None:
+        """The first backward candidate that ``can_implement`` on the arch, or None."""
+        for plan in self.backward_candidates(problem):
             if self.can_implement(plan, problem.arch):
                 return plan
         return None

@@ -31,6 +31,27 @@ def compile_forward(plan: KernelPlan):
     can be resident at once (the device's SM count), the grid of a persistent kernel; a runtime
     value, so one compiled kernel serves every SKU of an arch.
     """
+    if plan.kind != "forward":
+        raise ValueError(f"not a forward plan: {plan}")
+    return _compile(plan, lambda family, cutlass: (
+        *family.fake_forward_args(plan), cutlass.Float32(1.0), cutlass.Int32(1)
+    ))
+
+
+def compile_backward(plan: KernelPlan):
+    """Compile (or fetch) the main backward kernel for a plan.
+
+    Call it as ``fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, softmax_scale)``
+    (``cuteattn.ops.backward`` prepares the fp32 buffers).
+    """
+    if plan.kind != "backward":
+        raise ValueError(f"not a backward plan: {plan}")
+    return _compile(plan, lambda family, cutlass: (
+        *family.fake_backward_args(plan), cutlass.Float32(1.0)
+    ))
+
+
+def _compile(plan: KernelPlan, fake_args):
     fn = _compiled.get(plan)
     if fn is None:
         _check_dependencies_once()
@@ -44,9 +65,7 @@ def compile_forward(plan: KernelPlan):
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         fn = cute.compile(
             family.kernel(plan),
-            *family.fake_forward_args(plan),
-            cutlass.Float32(1.0),
-            cutlass.Int32(1),
+            *fake_args(family, cutlass),
             stream,
             options=f"--enable-tvm-ffi --gpu-arch {plan.arch}",
         )

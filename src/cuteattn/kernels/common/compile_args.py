@@ -18,30 +18,50 @@ def dsl_dtype(name: str) -> type[cutlass.Numeric]:
     return _DSL_DTYPES[name]
 
 
-def fake_forward_args(plan: KernelPlan) -> tuple:
-    """(q, k, v, out, lse) fake tensors in the flash-attn layout, last mode contiguous."""
+def _fake_sizes() -> dict:
+    names = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
+    return {name: cute.sym_int() for name in names}
+
+
+def _fake_bshd(plan: KernelPlan, batch, seqlen, heads):
+    """A (batch, seqlen, heads, dim) tensor of the plan's dtype, last mode contiguous."""
     dtype = dsl_dtype(plan.dtype)
     elems_16b = 128 // dtype.width
+    strides = tuple(cute.sym_int64(divisibility=elems_16b) for _ in range(3)) + (1,)
+    return make_fake_tensor(dtype, (batch, seqlen, heads, plan.head_dim), strides, assumed_align=16)
 
-    def bshd(batch, seqlen, heads):
-        strides = tuple(cute.sym_int64(divisibility=elems_16b) for _ in range(3)) + (1,)
-        return make_fake_tensor(
-            dtype, (batch, seqlen, heads, plan.head_dim), strides, assumed_align=16
-        )
 
-    batch, seqlen_q, seqlen_k = cute.sym_int(), cute.sym_int(), cute.sym_int()
-    heads_q, heads_kv = cute.sym_int(), cute.sym_int()
-    q = bshd(batch, seqlen_q, heads_q)
-    k = bshd(batch, seqlen_k, heads_kv)
-    v = bshd(batch, seqlen_k, heads_kv)
-    out = bshd(batch, seqlen_q, heads_q)
-    lse = make_fake_tensor(
-        cutlass.Float32,
-        (batch, heads_q, seqlen_q),
-        (cute.sym_int64(), cute.sym_int64(), 1),
-        assumed_align=4,
-    )
+def _fake_fp32(*shape, align: int):
+    strides = tuple(cute.sym_int64() for _ in shape[:-1]) + (1,)
+    return make_fake_tensor(cutlass.Float32, shape, strides, assumed_align=align)
+
+
+def fake_forward_args(plan: KernelPlan) -> tuple:
+    """(q, k, v, out, lse) fake tensors in the flash-attn layout, last mode contiguous."""
+    n = _fake_sizes()
+    q = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
+    k = _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"])
+    v = _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"])
+    out = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
+    lse = _fake_fp32(n["batch"], n["heads_q"], n["seqlen_q"], align=4)
     return q, k, v, out, lse
+
+
+def fake_backward_args(plan: KernelPlan) -> tuple:
+    """(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv): inputs and gradients in the
+    flash-attn layout, and the preprocess's fp32 per-row buffers, rows padded (a symbolic
+    count) so whole query tiles stay in bounds."""
+    n = _fake_sizes()
+    rows = cute.sym_int()
+    q = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
+    dout = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
+    k, v, dk, dv = (
+        _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"]) for _ in range(4)
+    )
+    lse_log2 = _fake_fp32(n["batch"], n["heads_q"], rows, align=16)
+    dpsum = _fake_fp32(n["batch"], n["heads_q"], rows, align=16)
+    dq_accum = _fake_fp32(n["batch"], n["heads_q"], rows, plan.head_dim, align=16)
+    return q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv
 
 
 def check_operand_dtypes(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor):

@@ -1,5 +1,6 @@
 """The sm80 family to the planner: warp mma.sync + cp.async, on every arch that has both
-(sm_80/86/89, Hopper as a fallback, sm_120). Plain Python; the kernel is imported lazily."""
+(sm_80/86/89, Hopper as a fallback, sm_120). Forward and backward kernels; plain Python, the
+kernels are imported lazily."""
 
 from cuteattn.arch import ArchCaps
 from cuteattn.kernels.family import KernelFamily
@@ -27,9 +28,22 @@ SM80_TILES = {
 }
 
 
+# Backward tiles per head dim, in order of preference: (tile_m, tile_n, threads). dK and dV of
+# a key tile live in registers (2 * tile_n * dim fp32 over the threads: at most 128 each);
+# later entries fit 99 KB of shared memory (sm_86/89/120).
+SM80_BACKWARD_TILES = {
+    64: ((64, 128, 256),),
+    96: ((64, 128, 256), (64, 64, 256)),
+    128: ((64, 128, 256), (64, 64, 256)),
+    192: ((64, 64, 256), (64, 32, 128)),
+    256: ((64, 64, 256), (32, 32, 128)),
+}
+
+
 class Sm80Family(KernelFamily):
     name = "sm80"
     head_dims = tiling.SUPPORTED_HEAD_DIMS
+    has_backward = True
 
     def supports(self, arch: ArchCaps) -> bool:
         return arch.mma_sync and arch.cp_async
@@ -59,7 +73,26 @@ class Sm80Family(KernelFamily):
             for tile_m, tile_n, num_threads in tiles
         )
 
+    def backward_candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
+        return tuple(
+            KernelPlan(
+                family=self.name,
+                arch=problem.arch.name,
+                dtype=problem.dtype,
+                head_dim=problem.head_dim,
+                causal=problem.causal,
+                tile_m=tile_m,
+                tile_n=tile_n,
+                num_threads=num_threads,
+                kind="backward",
+            )
+            for tile_m, tile_n, num_threads in SM80_BACKWARD_TILES.get(problem.head_dim, ())
+        )
+
     def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
+        fits = (
+            tiling.can_implement if plan.kind == "forward" else tiling.can_implement_backward
+        )
         return (
             plan.family == self.name
             and plan.arch == arch.name
@@ -68,16 +101,17 @@ class Sm80Family(KernelFamily):
             # One stage of K and V in shared memory, and no family-specific switches.
             and plan.num_stages == 1
             and plan.options == ()
-            and tiling.can_implement(
-                plan.head_dim, plan.tile_m, plan.tile_n, plan.num_threads, arch.smem_per_block
-            )
+            and fits(plan.head_dim, plan.tile_m, plan.tile_n, plan.num_threads, arch.smem_per_block)
         )
 
     def kernel(self, plan: KernelPlan):
         from cuteattn.kernels.common.compile_args import dsl_dtype
-        from cuteattn.kernels.sm80.forward import FlashForwardSm80
 
-        return FlashForwardSm80(
+        if plan.kind == "forward":
+            from cuteattn.kernels.sm80.forward import FlashForwardSm80 as Kernel
+        else:
+            from cuteattn.kernels.sm80.backward import FlashBackwardSm80 as Kernel
+        return Kernel(
             dtype=dsl_dtype(plan.dtype),
             head_dim=plan.head_dim,
             tile_m=plan.tile_m,

@@ -140,6 +140,7 @@ class Sm90Family(KernelFamily):
         names = tuple(name for name, _ in plan.options)
         return (
             plan.family == self.name
+            and plan.kind == "forward"
             and plan.arch == arch.name
             and self.supports(arch)
             and plan.dtype in DTYPES

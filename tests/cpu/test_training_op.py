@@ -1,0 +1,267 @@
+"""Training through the custom ops (torch.ops.cuteattn.attention / backward), on the CPU.
+
+As in test_custom_op.py, no GPU: CPU tensors pretend to sit on an sm_90a device and the two
+launches are replaced, the forward by the reference writing out, the backward by the
+reference's autograd gradients, so what is tested is the wiring: autograd registration,
+saved tensors, scale / causal / family reaching the backward plan, fake implementations,
+torch.compile. The kernels are the GPU tests' business (tests/gpu/test_backward.py).
+"""
+
+import pytest
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import cuteattn
+from cuteattn import api, ops, reference
+from cuteattn.runtime.arch import ARCH_ENV
+from cuteattn.testing import reference_grads
+
+ATTENTION = torch.ops.cuteattn.attention.default
+BACKWARD = torch.ops.cuteattn.backward.default
+
+
+def qkv(dtype=torch.bfloat16, device="cpu", requires_grad=True, shape=(2, 16, 24, 4, 2, 64)):
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dim = shape
+    tensors = (
+        torch.randn(batch, seqlen_q, heads_q, dim, dtype=dtype, device=device),
+        torch.randn(batch, seqlen_k, heads_kv, dim, dtype=dtype, device=device),
+        torch.randn(batch, seqlen_k, heads_kv, dim, dtype=dtype, device=device),
+    )
+    return tuple(t.requires_grad_(requires_grad) for t in tensors)
+
+
+def explicit_grads(q, k, v, dout, *, causal, softmax_scale):
+    """The attention backward written out in fp32 (no autograd: the launch stand-in runs inside
+    an op, below the autograd key, where opcheck's wrappers also forbid torch.func)."""
+    q, k, v, dout = (x.float() for x in (q, k, v, dout))
+    group = q.shape[2] // k.shape[2]
+    k_full, v_full = (x.repeat_interleave(group, dim=2) for x in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k_full) * softmax_scale
+    if causal:
+        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+        rows = torch.arange(seqlen_q)[:, None]
+        cols = torch.arange(seqlen_k)[None, :]
+        scores = scores.masked_fill(cols > rows + seqlen_k - seqlen_q, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v_full)
+    dv = torch.einsum("bhqk,bqhd->bkhd", probs, dout)
+    dprobs = torch.einsum("bqhd,bkhd->bhqk", dout, v_full)
+    dpsum = (dout * out).sum(-1).transpose(1, 2)[..., None]
+    dscores = probs * (dprobs - dpsum)
+    dq = torch.einsum("bhqk,bkhd->bqhd", dscores, k_full) * softmax_scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", dscores, q) * softmax_scale
+
+    def per_kv_head(grad):
+        batch, seqlen_k, _, dim = grad.shape
+        return grad.view(batch, seqlen_k, -1, group, dim).sum(3)
+
+    return dq, per_kv_head(dk), per_kv_head(dv)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_explicit_grads_match_the_reference(causal):
+    q, k, v = (x.float() for x in qkv(requires_grad=False, shape=(2, 20, 9, 4, 2, 32)))
+    dout = torch.randn_like(q)
+    want = reference_grads(q, k, v, dout, causal=causal, softmax_scale=0.3)
+    for got, expected in zip(explicit_grads(q, k, v, dout, causal=causal, softmax_scale=0.3), want):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def cpu_launches(monkeypatch):
+    """Both launches on CPU tensors through the reference; each call is recorded."""
+    calls = []
+
+    def launch_forward(q, k, v, out, softmax_scale, plan):
+        calls.append(("forward", plan, softmax_scale))
+        expected, lse = reference.attention(q, k, v, softmax_scale=softmax_scale, causal=plan.causal)
+        out.copy_(expected)
+        return lse
+
+    def launch_backward(dout, q, k, v, out, lse, softmax_scale, plan):
+        calls.append(("backward", plan, softmax_scale))
+        grads = explicit_grads(q, k, v, dout, causal=plan.causal, softmax_scale=softmax_scale)
+        return tuple(g.to(x.dtype).contiguous() for g, x in zip(grads, (q, k, v)))
+
+    monkeypatch.setenv(ARCH_ENV, "sm_90a")
+    monkeypatch.setattr(api.validate, "check_devices", lambda *tensors: None)
+    monkeypatch.setattr(ops, "launch_forward", launch_forward)
+    monkeypatch.setattr(ops, "launch_backward", launch_backward)
+    return calls
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def launch(*args):
+        raise AssertionError("traced code reached a launch")
+
+    monkeypatch.delenv(ARCH_ENV, raising=False)
+    monkeypatch.setattr(ops, "launch_forward", launch)
+    monkeypatch.setattr(ops, "launch_backward", launch)
+
+
+def test_the_ops_are_registered_with_their_schemas():
+    assert str(ATTENTION._schema) == (
+        "cuteattn::attention(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, "
+        "str? family) -> (Tensor, Tensor)"
+    )
+    assert str(BACKWARD._schema) == (
+        "cuteattn::backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+        "float softmax_scale, bool causal, str? family) -> (Tensor, Tensor, Tensor)"
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_flow_through_the_ops(cpu_launches, causal):
+    q, k, v = qkv()
+    out = cuteattn.flash_attn_func(q, k, v, 0.0, 0.3, causal)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    expected = reference_grads(q, k, v, dout, causal=causal, softmax_scale=0.3)
+    for got, want in zip((q.grad, k.grad, v.grad), expected):
+        torch.testing.assert_close(got, want.to(got.dtype))
+    (fwd, fwd_plan, fwd_scale), (bwd, bwd_plan, bwd_scale) = cpu_launches
+    assert (fwd, bwd) == ("forward", "backward")
+    assert fwd_plan.family == "sm90" and fwd_plan.kind == "forward"
+    # sm90 has no backward kernel yet: the planner's backward family on Hopper is sm80.
+    assert (bwd_plan.family, bwd_plan.kind, bwd_plan.causal) == ("sm80", "backward", causal)
+    assert fwd_scale == bwd_scale == 0.3
+
+
+def test_a_forced_family_with_a_backward_runs_it(cpu_launches):
+    q, k, v = qkv()
+    out, _ = api.forward(q, k, v, family="sm80")
+    out.sum().backward()
+    assert [plan.family for _, plan, _ in cpu_launches] == ["sm80", "sm80"]
+
+
+def test_only_inputs_that_require_grad_get_it(cpu_launches):
+    q, k, v = qkv(requires_grad=False)
+    k.requires_grad_()
+    cuteattn.flash_attn_func(q, k, v).sum().backward()
+    assert q.grad is None and v.grad is None and k.grad is not None
+
+
+def test_no_grad_runs_the_inference_op(cpu_launches):
+    q, k, v = qkv()
+    with torch.no_grad():
+        out = cuteattn.flash_attn_func(q, k, v)
+    assert out.grad_fn is None and [kind for kind, _, _ in cpu_launches] == ["forward"]
+
+
+def test_out_with_grad_receives_the_result(cpu_launches):
+    q, k, v = qkv()
+    out = torch.empty(q.shape, dtype=q.dtype)
+    got = cuteattn.flash_attn_func(q, k, v, out=out)
+    assert got is out and out.grad_fn is not None
+    out.sum().backward()
+    assert q.grad is not None
+
+
+def test_deterministic_backward_is_not_implemented_yet(cpu_launches):
+    q, k, v = qkv()
+    with pytest.raises(NotImplementedError, match=r"deterministic=True"):
+        cuteattn.flash_attn_func(q, k, v, deterministic=True)
+    with torch.no_grad():
+        cuteattn.flash_attn_func(q, k, v, deterministic=True)  # the forward is deterministic
+
+
+def test_an_explicit_forward_plan_does_not_record_a_backward(cpu_launches):
+    q, k, v = qkv()
+    with torch.no_grad():
+        _, _ = api.forward(q, k, v)
+    plan = cpu_launches[-1][1]
+    with pytest.raises(NotImplementedError, match=r"explicit plan runs the forward only"):
+        api.forward(q, k, v, plan=plan)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_opcheck(cpu_launches, causal):
+    """Schemas, fake vs real metadata, autograd registration, aot_dispatch: every opcheck
+    test, with the CPU launches real."""
+    q, k, v = qkv()
+    torch.library.opcheck(ATTENTION, (q, k, v, 0.125, causal, None))
+    with torch.no_grad():
+        out, lse = ATTENTION(q, k, v, 0.125, causal, None)
+    dout = torch.randn_like(out)
+    args = (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.125, causal, None)
+    torch.library.opcheck(BACKWARD, args)
+
+
+def test_backward_entry_checks_its_inputs(cpu_launches):
+    q, k, v = qkv(requires_grad=False)
+    with torch.no_grad():
+        out, lse = api.forward(q, k, v)
+    dout = torch.randn_like(out)
+    with pytest.raises(TypeError, match=r"lse must be torch.float32"):
+        api.backward(dout, q, k, v, out, lse.double())
+    with pytest.raises(ValueError, match=r"dout must have the shape of q"):
+        api.backward(dout[:, :-1], q, k, v, out, lse)
+    with pytest.raises(NotImplementedError, match=r"'sm90' has no backward kernel yet"):
+        api.backward(dout, q, k, v, out, lse, family="sm90")
+    dq, dk, dv = api.backward(dout, q, k, v, out, lse, family="sm80")
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+
+
+# torch.compile --------------------------------------------------------------------------
+
+
+def training_loss(q, k, v):
+    return cuteattn.flash_attn_func(q, k, v, causal=True).float().square().sum()
+
+
+class JointGraphs:
+    """An aot_autograd backend that keeps the forward and backward graphs it compiles."""
+
+    def __init__(self):
+        self.forward, self.backward = [], []
+        self.backend = aot_autograd(fw_compiler=self.keep(self.forward),
+                                    bw_compiler=self.keep(self.backward))
+
+    @staticmethod
+    def keep(graphs):
+        def compiler(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        return compiler
+
+    @staticmethod
+    def targets(graphs):
+        (gm,) = graphs  # one graph: no graph break
+        return [node.target for node in gm.graph.nodes if node.op == "call_function"]
+
+
+def test_compile_fullgraph_traces_a_training_step_with_fake_tensors(no_launch, monkeypatch):
+    """Fake inputs: dynamo traces forward and backward without a break; the forward graph
+    holds the attention op and the backward graph the backward op, once each. (Fake CPU
+    tensors that pass for CUDA ones: autograd on fake CUDA tensors needs a CUDA build.)"""
+    monkeypatch.setattr(api.validate, "check_devices", lambda *tensors: None)
+    graphs = JointGraphs()
+    with FakeTensorMode():
+        q, k, v = qkv()
+        loss = torch.compile(training_loss, backend=graphs.backend, fullgraph=True)(q, k, v)
+        loss.backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape
+    assert JointGraphs.targets(graphs.forward).count(ATTENTION) == 1
+    assert JointGraphs.targets(graphs.backward).count(BACKWARD) == 1
+
+
+def test_compiled_training_step_equals_eager(cpu_launches):
+    q, k, v = qkv()
+    training_loss(q, k, v).backward()
+    eager = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    compiled = torch.compile(training_loss, backend="aot_eager", fullgraph=True)
+    compiled(q, k, v).backward()
+    for got, want in zip((q.grad, k.grad, v.grad), eager):
+        assert torch.equal(got, want)

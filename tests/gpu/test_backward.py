@@ -1,0 +1,182 @@
+"""Backward on the GPU against the fp32 reference's gradients (issue 6's acceptance matrix),
+through every family that has a backward kernel, and training through autograd,
+torch.compile and a CUDA graph.
+
+Each case: forward (the planner's choice), then ``api.backward`` into NaN-poisoned dq, dk, dv
+buffers; each gradient's max error must be within 2x PyTorch's own low-precision error (the
+reference computed in the inputs' dtype) plus a small floor.
+"""
+
+import pytest
+import torch
+
+from cuteattn.plan import families
+
+pytestmark = pytest.mark.gpu
+
+BACKWARD_FAMILIES = [family.name for family in families() if family.has_backward]
+HEAD_DIMS = (64, 96, 128, 192, 256)
+DTYPES = (torch.bfloat16, torch.float16)
+SEQLENS = ((1, 239), (113, 203), (128, 128), (1000, 1000), (1023, 4097))
+HEADS = ((8, 8), (8, 2), (8, 1))
+
+
+def _ids(value):
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return str(value)
+
+
+def _skip_unless_supported(family):
+    from cuteattn.plan import get_family
+    from cuteattn.runtime.arch import device_arch
+
+    if not get_family(family).supports(device_arch(torch.device("cuda"))):
+        pytest.skip(f"family {family} does not run on this GPU")
+
+
+def _check_grads(grads, q, k, v, dout, causal, softmax_scale=None):
+    from cuteattn.testing import assert_close_to_reference, reference_grads
+
+    want = reference_grads(q, k, v, dout, causal=causal, softmax_scale=softmax_scale)
+    low = reference_grads(
+        q, k, v, dout, causal=causal, softmax_scale=softmax_scale, upcast=False
+    )
+    for name, got, ref, pt in zip(("dq", "dk", "dv"), grads, want, low):
+        assert_close_to_reference(name, got, ref, pt)
+
+
+@pytest.mark.parametrize("heads_q,heads_kv", HEADS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("family", BACKWARD_FAMILIES)
+def test_backward_matches_reference(
+    family, head_dim, dtype, causal, seqlen_q, seqlen_k, heads_q, heads_kv
+):
+    from cuteattn import api
+    from cuteattn.testing import poison_like
+
+    _skip_unless_supported(family)
+    batch = 2
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    out, lse = api.forward(q, k, v, causal=causal)
+    grads = tuple(poison_like(x) for x in (q, k, v))
+    got = api.backward(dout, q, k, v, out, lse, causal=causal, family=family,
+                       dq=grads[0], dk=grads[1], dv=grads[2])
+    torch.cuda.synchronize()
+    assert all(g.data_ptr() == b.data_ptr() for g, b in zip(got, grads))
+    _check_grads(got, q, k, v, dout, causal)
+
+
+@pytest.mark.parametrize("family", BACKWARD_FAMILIES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_every_backward_tiling_runs(family, head_dim):
+    """Each backward plan the family picks on any known arch, run once on this GPU."""
+    import dataclasses
+
+    from cuteattn import api
+    from cuteattn.arch import KNOWN_ARCHS
+    from cuteattn.plan import Problem, get_family, plan_backward
+    from cuteattn.runtime.arch import device_arch
+
+    _skip_unless_supported(family)
+    arch = device_arch(torch.device("cuda"))
+    descriptor = get_family(family)
+    plans = []
+    for caps in KNOWN_ARCHS.values():
+        if not descriptor.supports(caps):
+            continue
+        problem = Problem(
+            batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+            head_dim_v=head_dim, dtype="bf16", causal=True, arch=caps,
+        )
+        plan = dataclasses.replace(plan_backward(problem, family=family), arch=arch.name)
+        if plan not in plans and descriptor.can_implement(plan, arch):
+            plans.append(plan)
+    assert plans
+    q = torch.randn(2, 333, 4, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 517, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    out, lse = api.forward(q, k, v, causal=True)
+    for plan in plans:
+        got = api.backward(dout, q, k, v, out, lse, causal=True, plan=plan)
+        try:
+            _check_grads(got, q, k, v, dout, True)
+        except AssertionError as exc:
+            raise AssertionError(f"{plan}: {exc}") from None
+
+
+def test_autograd_gradients_with_a_planted_dominant_key():
+    """flash_attn_func + .backward(), with one key far above the rest and scores x30."""
+    import cuteattn
+
+    q = (torch.randn(2, 500, 4, 128, device="cuda") + 0.5).bfloat16()
+    k = torch.randn(2, 700, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    k[:, 3] = q[:, :, 0].float().mean(1).bfloat16() * 4
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    dout = torch.randn_like(q)
+    cuteattn.flash_attn_func(q, k, v, softmax_scale=30 / 128**0.5, causal=True).backward(dout)
+    _check_grads((q.grad, k.grad, v.grad), q, k, v, dout, True, softmax_scale=30 / 128**0.5)
+
+
+def _training_step(q, k, v, weight):
+    import cuteattn
+
+    out = cuteattn.flash_attn_func(q @ weight, k, v, causal=True)
+    return (out.float() ** 2).mean()
+
+
+def _step_grads(step, q, k, v, weight):
+    for x in (q, k, v, weight):
+        x.grad = None
+    step(q, k, v, weight).backward()
+    return [x.grad.clone() for x in (q, k, v, weight)]
+
+
+def _leaves(seed=0):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+
+    def leaf(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+
+    weight = (leaf(128, 128) / 11).requires_grad_()
+    return leaf(2, 300, 8, 128).requires_grad_(), leaf(2, 300, 2, 128).requires_grad_(), \
+        leaf(2, 300, 2, 128).requires_grad_(), weight
+
+
+def test_compiled_training_step_equals_eager():
+    q, k, v, weight = _leaves()
+    eager = _step_grads(_training_step, q, k, v, weight)
+    compiled = torch.compile(_training_step, fullgraph=True)
+    got = _step_grads(compiled, q, k, v, weight)
+    for g, e in zip(got, eager):
+        assert torch.equal(g, e)
+
+
+def test_cuda_graph_training_step_equals_eager():
+    """Forward + backward captured in one CUDA graph (warmed up first: the first call of a
+    plan compiles its kernel) replays to the eager gradients."""
+    q, k, v, weight = _leaves()
+    eager = _step_grads(_training_step, q, k, v, weight)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            _step_grads(_training_step, q, k, v, weight)
+    torch.cuda.current_stream().wait_stream(stream)
+    for x in (q, k, v, weight):
+        x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _training_step(q, k, v, weight).backward()
+    graph.replay()
+    torch.cuda.synchronize()
+    for x, e in zip((q, k, v, weight), eager):
+        assert torch.equal(x.grad, e)
