@@ -10,8 +10,7 @@ softmax_scale * dS K added to dq_accum (the postprocess casts it).
 One CTA owns one key tile (tile_n keys) of one KV head: it keeps dK and dV of the tile in
 registers and visits every query tile of every query head that shares the KV head (GQA / MQA
 need no atomics and no expanded buffers for dK, dV). For each (query head, m_block):
-  1. cp.async Q and dO tiles (rows past seqlen_q zeroed); with two stages, the next step's
-     tiles load into the other buffer while this step computes;
+  1. cp.async Q and dO tiles (rows past seqlen_q zeroed);
   2. S = Q K^T and dP = dO V^T (ldmatrix + mma.sync, operands in shared memory);
   3. mask S (seqlen_k bound, causal diagonal), P = exp2(S * scale_log2 - lse_log2), the
      probabilities of the forward without recomputing its statistics;
@@ -51,14 +50,9 @@ LOG2_E = math.log2(math.e)
 
 
 def _transposed(tensor: cute.Tensor) -> cute.Tensor:
-    """A (rows, cols[, stages]) shared-memory tile seen as (cols, rows[, stages])."""
+    """A (rows, cols) shared-memory tile seen as (cols, rows)."""
     rows, cols = cute.size(tensor, mode=[0]), cute.size(tensor, mode=[1])
-    if cute.rank(tensor) == 2:
-        return cute.composition(tensor, cute.make_layout((cols, rows), stride=(rows, 1)))
-    stages = cute.size(tensor, mode=[2])
-    return cute.composition(
-        tensor, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols))
-    )
+    return cute.composition(tensor, cute.make_layout((cols, rows), stride=(rows, 1)))
 
 
 def _tiled_mma(dtype, warps_mn: tuple[int, int]) -> cute.TiledMma:
@@ -77,11 +71,6 @@ def _smem_operand(copy_atom, tiled_copy_fn, tiled_mma, tidx, smem, regs) -> Smem
     return SmemOperand(thr_copy.partition_S(smem), thr_copy.retile(regs), thr_copy)
 
 
-def _at_stage(operand: SmemOperand, stage) -> SmemOperand:
-    """One stage of an operand partitioned over a staged buffer (stages the last mode)."""
-    return SmemOperand(operand.smem[None, None, None, stage], operand.regs_view, operand.thr_copy)
-
-
 class FlashBackwardSm80:
     def __init__(
         self,
@@ -92,10 +81,7 @@ class FlashBackwardSm80:
         tile_n: int,
         num_threads: int,
         causal: bool,
-        num_stages: int = 1,
     ):
-        """num_stages: Q / dO buffers (2: the next query tile loads during this one)."""
-        self.num_stages = num_stages
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -126,9 +112,7 @@ class FlashBackwardSm80:
         check_same_dtype(q=mQ, k=mK, v=mV, dout=mdO, dk=mdK, dv=mdV)
 
         tile_atom = smem_tile_atom(self.dtype, self.head_dim)
-        sQ_layout = cute.tile_to_shape(
-            tile_atom, (self.tile_m, self.head_dim, self.num_stages), (0, 1, 2)
-        )
+        sQ_layout = cute.tile_to_shape(tile_atom, (self.tile_m, self.head_dim), (0, 1))
         sKV_layout = cute.tile_to_shape(tile_atom, (self.tile_n, self.head_dim), (0, 1))
         sPdS_layout = cute.tile_to_shape(
             smem_tile_atom(self.dtype, self.tile_n), (self.tile_m, self.tile_n), (0, 1)
@@ -217,18 +201,13 @@ class FlashBackwardSm80:
 
         # ---- Shared memory and its MMA views ------------------------------------------------------
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        sQ_stages = storage.sQ.get_tensor(sQ_layout)
-        sdO_stages = storage.sdO.get_tensor(sQ_layout)
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        sdO = storage.sdO.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sKV_layout)
         sV = storage.sV.get_tensor(sKV_layout)
         sP = storage.sP.get_tensor(sPdS_layout)
         sdS = storage.sdS.get_tensor(sPdS_layout)
-        sKt, sPt, sdSt = (_transposed(t) for t in (sK, sP, sdS))
-        # Register fragments come from stage 0; the ldmatrix partitions span every stage and a
-        # step picks its own (``_at_stage``).
-        sQ, sdO = sQ_stages[None, None, 0], sdO_stages[None, None, 0]
-        sQt, sdOt = _transposed(sQ), _transposed(sdO)
-        sQt_stages, sdOt_stages = _transposed(sQ_stages), _transposed(sdO_stages)
+        sQt, sdOt, sKt, sPt, sdSt = (_transposed(t) for t in (sQ, sdO, sK, sP, sdS))
 
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
         thr_dkv = tiled_mma_dkv.get_slice(tidx)
@@ -254,16 +233,14 @@ class FlashBackwardSm80:
             warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype
         )
         copy_a, copy_b = cute.make_tiled_copy_A, cute.make_tiled_copy_B
-        q_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sQ_stages, tSrQ)
+        q_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sQ, tSrQ)
         k_operand = _smem_operand(ldmatrix, copy_b, tiled_mma_sdp, tidx, sK, tSrK)
-        do_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sdO_stages, tdPrdO)
+        do_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sdO, tdPrdO)
         v_operand = _smem_operand(ldmatrix, copy_b, tiled_mma_sdp, tidx, sV, tdPrV)
         pt_operand = _smem_operand(ldmatrix_t, copy_a, tiled_mma_dkv, tidx, sPt, tdVrPt)
-        dot_operand = _smem_operand(
-            ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sdOt_stages, tdVrdOt
-        )
+        dot_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sdOt, tdVrdOt)
         dst_operand = _smem_operand(ldmatrix_t, copy_a, tiled_mma_dkv, tidx, sdSt, tdKrdSt)
-        qt_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sQt_stages, tdKrQt)
+        qt_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sQt, tdKrQt)
         ds_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_dq, tidx, sdS, tdQrdS)
         kt_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dq, tidx, sKt, tdQrKt)
         # Registers -> shared memory for P and dS, two 16-bit values per store.
@@ -294,8 +271,10 @@ class FlashBackwardSm80:
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
+        coords_q = cute.make_identity_tensor(tile_q)
+        tQsQ = gmem_thr_copy.partition_D(sQ)
+        tdOsdO = gmem_thr_copy.partition_D(sdO)
         score_coords = tile_coords(thr_sdp, tile_mn)
-        num_rows = cute.size(score_coords, mode=[0])
 
         # ---- Query tiles that see this key tile, for every query head of the group ---------------
         m_block_min = Int32(0)
@@ -305,65 +284,45 @@ class FlashBackwardSm80:
             m_block_min = cutlass.max(first_row, 0) // self.tile_m
         m_block_max = cute.ceil_div(seqlen.seqlen_q, self.tile_m)
         num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
-        num_steps = group * num_m_blocks
-        query_tiles = dict(
-            mQ=mQ, mdO=mdO, sQ_stages=sQ_stages, sdO_stages=sdO_stages,
-            gmem_copy_async=gmem_copy_async, batch=batch, head_kv=head_kv, group=group,
-            m_block_min=m_block_min, num_m_blocks=num_m_blocks, seqlen_q=seqlen.seqlen_q,
-        )
-        if cutlass.const_expr(self.num_stages > 1):
-            if num_steps > 0:
-                self.load_query_tile(Int32(0), Int32(0), **query_tiles)
-            cute.arch.cp_async_commit_group()
-        for step in cutlass.range(num_steps, unroll=1):
+        for step in cutlass.range(group * num_m_blocks, unroll=1):
             head = head_kv * group + step // num_m_blocks
             m_block = m_block_min + step % num_m_blocks
-            stage = step % self.num_stages
+            q_rows_left = seqlen.seqlen_q - m_block * self.tile_m
 
-            # 1. Q and dO of this query tile; with two stages, start the next tile's.
-            if cutlass.const_expr(self.num_stages == 1):
-                # The previous step's readers of the buffer passed its closing barrier.
-                self.load_query_tile(step, stage, **query_tiles)
-                cute.arch.cp_async_commit_group()
+            # 1. Q and dO of this query tile (the previous step's readers passed the barrier).
+            gQ = cute.local_tile(mQ[batch, None, head, None], tile_q, (m_block, 0))
+            gdO = cute.local_tile(mdO[batch, None, head, None], tile_q, (m_block, 0))
+            self.load_rows(
+                gmem_copy_async, gmem_thr_copy.partition_S(gQ), tQsQ, coords_q, q_rows_left
+            )
+            self.load_rows(
+                gmem_copy_async, gmem_thr_copy.partition_S(gdO), tdOsdO, coords_q, q_rows_left
+            )
+            cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
-            if cutlass.const_expr(self.num_stages > 1):
-                # The other buffer's readers (the previous step) passed the barrier above.
-                if step + 1 < num_steps:
-                    self.load_query_tile(step + 1, 1 - stage, **query_tiles)
-                cute.arch.cp_async_commit_group()
-            q_stage = _at_stage(q_operand, stage)
-            do_stage = _at_stage(do_operand, stage)
-            dot_stage = _at_stage(dot_operand, stage)
-            qt_stage = _at_stage(qt_operand, stage)
-
-            # Per-row lse and dpsum, read before the GEMMs so their latency hides behind them.
-            gLSE = cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,))
-            gDpsum = cute.local_tile(mDpsum[batch, head, None], (self.tile_m,), (m_block,))
-            row_lse = cute.make_rmem_tensor(num_rows, Float32)
-            row_dpsum = cute.make_rmem_tensor(num_rows, Float32)
-            for r in cutlass.range_constexpr(num_rows):
-                row_lse[r] = gLSE[score_coords[r, 0][0]]
-                row_dpsum[r] = gDpsum[score_coords[r, 0][0]]
 
             # 2. S = Q K^T, dP = dO V^T
             acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_mn), Float32)
             acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_mn), Float32)
             acc_S.fill(0.0)
             acc_dP.fill(0.0)
-            gemm(tiled_mma_sdp, acc_S, tSrQ, tSrK, k_operand, a_from_smem=q_stage)
-            gemm(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, v_operand, a_from_smem=do_stage)
+            gemm(tiled_mma_sdp, acc_S, tSrQ, tSrK, k_operand, a_from_smem=q_operand)
+            gemm(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, v_operand, a_from_smem=do_operand)
 
             # 3. P from the forward's lse; dS = P (dP - rowsum(dO O))
             mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
             mask.apply(
                 acc_S, thr_sdp, m_block, n_block, mask_seqlen=True, mask_causal=self.causal
             )
+            gLSE = cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,))
+            gDpsum = cute.local_tile(mDpsum[batch, head, None], (self.tile_m,), (m_block,))
             scores = acc_as_rows_cols(acc_S)
             dscores = acc_as_rows_cols(acc_dP)
-            for r in cutlass.range_constexpr(num_rows):
-                lse_log2 = row_lse[r]
-                dpsum = row_dpsum[r]
+            for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
+                row = score_coords[r, 0][0]
+                lse_log2 = gLSE[row]
+                dpsum = gDpsum[row]
                 for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
                     prob = cute.math.exp2(scores[r, c] * scale_log2 - lse_log2, fastmath=True)
                     scores[r, c] = prob
@@ -379,8 +338,8 @@ class FlashBackwardSm80:
             cute.arch.barrier()
 
             # 5. dV += P^T dO, dK += dS^T Q
-            gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, dot_stage, a_from_smem=pt_operand)
-            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
+            gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, dot_operand, a_from_smem=pt_operand)
+            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_operand, a_from_smem=dst_operand)
 
             # 6. dQ += softmax_scale * dS K, in fp32 atomics
             acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
@@ -392,9 +351,8 @@ class FlashBackwardSm80:
                 cute.arch.atomic_add(
                     tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i] * softmax_scale
                 )
-            if cutlass.const_expr(self.num_stages == 1):
-                # Every warp is done with this step's Q, dO, P and dS before the next load.
-                cute.arch.barrier()
+            # Every warp is done with this step's Q, dO, P and dS before the next load.
+            cute.arch.barrier()
 
         # ---- Epilogue: dK, dV through K's and V's buffers ---------------------------------------
         # K and V landed even where no query tile was visited (their buffers are reused).
@@ -412,25 +370,6 @@ class FlashBackwardSm80:
                 gmem_tiled_copy=gmem_copy_store,
                 tidx=tidx,
                 sync=cute.arch.barrier,
-            )
-
-    @cute.jit
-    def load_query_tile(
-        self, step: Int32, stage: Int32, *, mQ, mdO, sQ_stages, sdO_stages, gmem_copy_async,
-        batch, head_kv, group, m_block_min, num_m_blocks, seqlen_q,
-    ):
-        """cp.async Q and dO of step ``step``'s (query head, m_block) into buffer ``stage``."""
-        head = head_kv * group + step // num_m_blocks
-        m_block = m_block_min + step % num_m_blocks
-        tile_q = (self.tile_m, self.head_dim)
-        thr_copy = gmem_copy_async.get_slice(cute.arch.thread_idx()[0])
-        coords_q = cute.make_identity_tensor(tile_q)
-        rows_left = seqlen_q - m_block * self.tile_m
-        for mX, sX in ((mQ, sQ_stages), (mdO, sdO_stages)):
-            gX = cute.local_tile(mX[batch, None, head, None], tile_q, (m_block, 0))
-            self.load_rows(
-                gmem_copy_async, thr_copy.partition_S(gX),
-                thr_copy.partition_D(sX[None, None, stage]), coords_q, rows_left,
             )
 
     @cute.jit

@@ -28,16 +28,15 @@ SM80_TILES = {
 }
 
 
-# Backward tiles per head dim, in order of preference: (tile_m, tile_n, threads, Q/dO stages).
-# dK and dV of a key tile live in registers (2 * tile_n * dim fp32 over the threads: at most
-# 128 each); two stages load the next query tile during this one where shared memory allows
-# (sm_80's 163 KB, Hopper's 227 KB); later entries fit 99 KB (sm_86/89/120).
+# Backward tiles per head dim, in order of preference: (tile_m, tile_n, threads). dK and dV of
+# a key tile live in registers (2 * tile_n * dim fp32 over the threads: at most 128 each);
+# later entries fit 99 KB of shared memory (sm_86/89/120).
 SM80_BACKWARD_TILES = {
-    64: ((64, 128, 256, 2),),
-    96: ((64, 128, 256, 2), (64, 128, 256, 1), (64, 64, 256, 2)),
-    128: ((64, 128, 256, 2), (64, 128, 256, 1), (64, 64, 256, 1)),
-    192: ((64, 64, 256, 2), (64, 64, 256, 1), (64, 32, 128, 1)),
-    256: ((64, 64, 256, 2), (64, 64, 256, 1), (32, 32, 128, 1)),
+    64: ((64, 128, 256),),
+    96: ((64, 128, 256), (64, 64, 256)),
+    128: ((64, 128, 256), (64, 64, 256)),
+    192: ((64, 64, 256), (64, 32, 128)),
+    256: ((64, 64, 256), (32, 32, 128)),
 }
 
 
@@ -85,34 +84,34 @@ class Sm80Family(KernelFamily):
                 tile_m=tile_m,
                 tile_n=tile_n,
                 num_threads=num_threads,
-                num_stages=num_stages,
                 kind="backward",
             )
-            for tile_m, tile_n, num_threads, num_stages in SM80_BACKWARD_TILES.get(
-                problem.head_dim, ()
-            )
+            for tile_m, tile_n, num_threads in SM80_BACKWARD_TILES.get(problem.head_dim, ())
         )
 
     def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
-        sizes = (plan.head_dim, plan.tile_m, plan.tile_n, plan.num_threads, arch.smem_per_block)
-        if plan.kind == "forward":
-            # One stage of K and V in shared memory.
-            fits = plan.num_stages == 1 and tiling.can_implement(*sizes)
-        else:
-            fits = tiling.can_implement_backward(*sizes, num_stages=plan.num_stages)
+        fits = (
+            tiling.can_implement if plan.kind == "forward" else tiling.can_implement_backward
+        )
         return (
             plan.family == self.name
             and plan.arch == arch.name
             and self.supports(arch)
             and plan.dtype in DTYPES
-            and plan.options == ()  # no family-specific switches
-            and fits
+            # One stage of K and V in shared memory, and no family-specific switches.
+            and plan.num_stages == 1
+            and plan.options == ()
+            and fits(plan.head_dim, plan.tile_m, plan.tile_n, plan.num_threads, arch.smem_per_block)
         )
 
     def kernel(self, plan: KernelPlan):
         from cuteattn.kernels.common.compile_args import dsl_dtype
 
-        sizes = dict(
+        if plan.kind == "forward":
+            from cuteattn.kernels.sm80.forward import FlashForwardSm80 as Kernel
+        else:
+            from cuteattn.kernels.sm80.backward import FlashBackwardSm80 as Kernel
+        return Kernel(
             dtype=dsl_dtype(plan.dtype),
             head_dim=plan.head_dim,
             tile_m=plan.tile_m,
@@ -120,13 +119,6 @@ class Sm80Family(KernelFamily):
             num_threads=plan.num_threads,
             causal=plan.causal,
         )
-        if plan.kind == "forward":
-            from cuteattn.kernels.sm80.forward import FlashForwardSm80
-
-            return FlashForwardSm80(**sizes)
-        from cuteattn.kernels.sm80.backward import FlashBackwardSm80
-
-        return FlashBackwardSm80(**sizes, num_stages=plan.num_stages)
 
 
 FAMILY = Sm80Family()
