@@ -34,7 +34,7 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import warp
 
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
@@ -43,7 +43,7 @@ from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.sm80 import tiling
-from cuteattn.kernels.sm80.fragments import smem_tile_atom
+from cuteattn.kernels.sm80.fragments import gmem_row_copies, ldmatrix_atoms, smem_tile_atom
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
 
 LOG2_E = math.log2(math.e)
@@ -129,27 +129,7 @@ class FlashBackwardSm80:
                 cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024
             ]
 
-        # Global <-> shared copies: 16 bytes per thread per access, rows of the swizzle atom.
-        elems_per_copy = 128 // self.dtype.width
-        threads_per_row = tile_atom.outer.shape[1] // elems_per_copy
-        thread_layout = cute.make_layout(
-            (self.num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)
-        )
-        value_layout = cute.make_layout((1, elems_per_copy))
-        gmem_copy_async = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                self.dtype,
-                num_bits_per_copy=128,
-            ),
-            thread_layout,
-            value_layout,
-        )
-        gmem_copy_store = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
-            thread_layout,
-            value_layout,
-        )
+        gmem_copy_async, gmem_copy_store = gmem_row_copies(self.dtype, tile_atom, self.num_threads)
 
         grid = (cute.ceil_div(mK.shape[1], self.tile_n), mK.shape[2], mK.shape[0])
         self.kernel(
@@ -226,12 +206,7 @@ class FlashBackwardSm80:
         tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
         tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
 
-        ldmatrix = cute.make_copy_atom(
-            warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
-        )
-        ldmatrix_t = cute.make_copy_atom(
-            warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype
-        )
+        ldmatrix, ldmatrix_t = ldmatrix_atoms(self.dtype)
         copy_a, copy_b = cute.make_tiled_copy_A, cute.make_tiled_copy_B
         q_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sQ, tSrQ)
         k_operand = _smem_operand(ldmatrix, copy_b, tiled_mma_sdp, tidx, sK, tSrK)

@@ -59,34 +59,23 @@ class Sm80Family(KernelFamily):
 
     def candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
         tiles = SM80_TILES.get((problem.head_dim, problem.causal), ())
-        return tuple(
-            KernelPlan(
-                family=self.name,
-                arch=problem.arch.name,
-                dtype=problem.dtype,
-                head_dim=problem.head_dim,
-                causal=problem.causal,
-                tile_m=tile_m,
-                tile_n=tile_n,
-                num_threads=num_threads,
-            )
-            for tile_m, tile_n, num_threads in tiles
-        )
+        return tuple(self._plan(problem, *tile, kind="forward") for tile in tiles)
 
     def backward_candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
-        return tuple(
-            KernelPlan(
-                family=self.name,
-                arch=problem.arch.name,
-                dtype=problem.dtype,
-                head_dim=problem.head_dim,
-                causal=problem.causal,
-                tile_m=tile_m,
-                tile_n=tile_n,
-                num_threads=num_threads,
-                kind="backward",
-            )
-            for tile_m, tile_n, num_threads in SM80_BACKWARD_TILES.get(problem.head_dim, ())
+        tiles = SM80_BACKWARD_TILES.get(problem.head_dim, ())
+        return tuple(self._plan(problem, *tile, kind="backward") for tile in tiles)
+
+    def _plan(self, problem: Problem, tile_m: int, tile_n: int, num_threads: int, *, kind: str):
+        return KernelPlan(
+            family=self.name,
+            arch=problem.arch.name,
+            dtype=problem.dtype,
+            head_dim=problem.head_dim,
+            causal=problem.causal,
+            tile_m=tile_m,
+            tile_n=tile_n,
+            num_threads=num_threads,
+            kind=kind,
         )
 
     def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:

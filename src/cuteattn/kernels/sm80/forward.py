@@ -34,7 +34,7 @@ from typing import NamedTuple
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import warp
 
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_operand_dtypes
@@ -45,7 +45,12 @@ from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
 from cuteattn.kernels.common.tile_scheduler import SingleTileScheduler, TileCounts
 from cuteattn.kernels.sm80 import tiling
-from cuteattn.kernels.sm80.fragments import acc_as_operand_a, smem_tile_atom
+from cuteattn.kernels.sm80.fragments import (
+    acc_as_operand_a,
+    gmem_row_copies,
+    ldmatrix_atoms,
+    smem_tile_atom,
+)
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
 
 LOG2_E = math.log2(math.e)
@@ -133,27 +138,7 @@ class FlashForwardSm80:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
 
-        # Global <-> shared copies: 16 bytes per thread per access, rows of the swizzle atom.
-        elems_per_copy = 128 // self.dtype.width
-        threads_per_row = tile_atom.outer.shape[1] // elems_per_copy
-        thread_layout = cute.make_layout(
-            (self.num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)
-        )
-        value_layout = cute.make_layout((1, elems_per_copy))
-        gmem_copy_async = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                self.dtype,
-                num_bits_per_copy=128,
-            ),
-            thread_layout,
-            value_layout,
-        )
-        gmem_copy_store = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
-            thread_layout,
-            value_layout,
-        )
+        gmem_copy_async, gmem_copy_store = gmem_row_copies(self.dtype, tile_atom, self.num_threads)
 
         # Warps stack along M; each warp owns 16 * k rows of the query tile.
         num_warps = self.num_threads // 32
@@ -223,12 +208,7 @@ class FlashForwardSm80:
         rQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
         rK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
         rVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
-        ldmatrix = cute.make_copy_atom(
-            warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
-        )
-        ldmatrix_t = cute.make_copy_atom(
-            warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype
-        )
+        ldmatrix, ldmatrix_t = ldmatrix_atoms(self.dtype)
         smem_thr_copy_Q = cute.make_tiled_copy_A(ldmatrix, tiled_mma).get_slice(tidx)
         smem_thr_copy_K = cute.make_tiled_copy_B(ldmatrix, tiled_mma).get_slice(tidx)
         smem_thr_copy_V = cute.make_tiled_copy_B(ldmatrix_t, tiled_mma).get_slice(tidx)

@@ -1,8 +1,10 @@
-"""sm80-only fragment views: swizzled shared-memory tiles for ldmatrix, and the score
-accumulator of warp mma.sync (m16n8k16) re-read as the A operand of P @ V."""
+"""sm80-only building blocks: swizzled shared-memory tiles for ldmatrix, the copies that
+fill and drain them, and the score accumulator of warp mma.sync (m16n8k16) re-read as the A
+operand of P @ V."""
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync, warp
 
 
 def smem_tile_atom(dtype: type[cutlass.Numeric], head_dim: int) -> cute.ComposedLayout:
@@ -34,3 +36,41 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
         stride=((paired.stride[0], paired.stride[2][0]), paired.stride[1], paired.stride[2][1]),
     )
     return cute.make_tensor(acc.iterator, operand_a)
+
+
+def gmem_row_copies(
+    dtype: type[cutlass.Numeric], tile_atom: cute.ComposedLayout, num_threads: int
+) -> tuple[cute.TiledCopy, cute.TiledCopy]:
+    """(cp.async global -> shared, 128-bit shared -> global) tiled copies of (rows, dim) tiles
+    whose shared side uses ``tile_atom``: 16 bytes per thread per access, the threads of a row
+    covering one row of the swizzle atom."""
+    elems_per_copy = 128 // dtype.width
+    threads_per_row = tile_atom.outer.shape[1] // elems_per_copy
+    thread_layout = cute.make_layout(
+        (num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)
+    )
+    value_layout = cute.make_layout((1, elems_per_copy))
+    load = cute.make_tiled_copy_tv(
+        cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+            dtype,
+            num_bits_per_copy=128,
+        ),
+        thread_layout,
+        value_layout,
+    )
+    store = cute.make_tiled_copy_tv(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128),
+        thread_layout,
+        value_layout,
+    )
+    return load, store
+
+
+def ldmatrix_atoms(dtype: type[cutlass.Numeric]) -> tuple[cute.CopyAtom, cute.CopyAtom]:
+    """(ldmatrix x4, ldmatrix x4 transposed): MMA operands from shared memory, K-major and
+    MN-major."""
+    return tuple(
+        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=transpose, num_matrices=4), dtype)
+        for transpose in (False, True)
+    )
