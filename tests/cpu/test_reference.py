@@ -333,6 +333,7 @@ def test_seqused_k_varlen(causal):
     used = [15, 0, 30]
     hq, hk, d = 4, 1, 16
     cu_q = torch.tensor([0, 12, 13, 43], dtype=torch.int32)
+    assert torch.equal(cu_q.diff(), torch.tensor(lens_q, dtype=torch.int32))
     cu_k = torch.tensor([0, 20, 29, 59], dtype=torch.int32)
     q = rand(43, hq, d, seed=71)
     k = rand(59, hk, d, seed=72)
