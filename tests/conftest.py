@@ -11,6 +11,14 @@ def seed_from_test_id(request):
     torch.manual_seed(int.from_bytes(digest[:8], "little"))
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """torch.compile state reset before and after the test (use with usefixtures)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

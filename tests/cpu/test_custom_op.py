@@ -25,19 +25,16 @@ SHAPES = {
 }
 
 
+# torch.compile caches would carry graphs (and their guards) from test to test.
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
 def qkv(shape="gqa", dtype=torch.bfloat16, device="cpu"):
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, dim = SHAPES[shape]
     q = torch.randn(batch, seqlen_q, heads_q, dim, dtype=dtype, device=device)
     k = torch.randn(batch, seqlen_k, heads_kv, dim, dtype=dtype, device=device)
     v = torch.randn(batch, seqlen_k, heads_kv, dim, dtype=dtype, device=device)
     return q, k, v
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.fixture

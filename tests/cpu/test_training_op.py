@@ -21,6 +21,10 @@ ATTENTION = torch.ops.cuteattn.attention.default
 BACKWARD = torch.ops.cuteattn.backward.default
 
 
+# torch.compile caches would carry graphs (and their guards) from test to test.
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
 def qkv(dtype=torch.bfloat16, device="cpu", requires_grad=True, shape=(2, 16, 24, 4, 2, 64)):
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, dim = shape
     tensors = (
@@ -66,13 +70,6 @@ def test_explicit_grads_match_the_reference(causal):
     want = reference_grads(q, k, v, dout, causal=causal, softmax_scale=0.3)
     for got, expected in zip(explicit_grads(q, k, v, dout, causal=causal, softmax_scale=0.3), want):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.fixture
