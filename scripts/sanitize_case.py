@@ -1,9 +1,10 @@
-"""Small forward launches for compute-sanitizer (memcheck / racecheck) runs on the GPU.
+"""Small launches for compute-sanitizer (memcheck / racecheck / synccheck) runs on the GPU.
 
-    compute-sanitizer --tool racecheck python scripts/sanitize_case.py [--family sm90]
+    compute-sanitizer --tool racecheck python scripts/sanitize_case.py [--family sm90] [--backward]
 
 Runs seqlen 1000, dim 128, causal and not, through the planner's plan for the family and,
-for sm90, its single-tile and persistent variants both.
+for sm90, its single-tile and persistent variants both. ``--backward`` runs the backward
+instead (the planner's backward plan, plain and deterministic).
 """
 
 import argparse
@@ -17,6 +18,7 @@ from cuteattn.plan import Problem, plan_forward
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--family", default=None, help="force a kernel family (default: planner)")
+parser.add_argument("--backward", action="store_true", help="run the backward kernels")
 args = parser.parse_args()
 
 arch = arch_from_name("sm_%d%d" % torch.cuda.get_device_capability())
@@ -28,6 +30,18 @@ for causal in (False, True):
         batch=1, seqlen_q=1000, seqlen_k=1000, heads_q=2, heads_kv=2, head_dim=128,
         head_dim_v=128, dtype="bf16", causal=causal, arch=arch,
     )
+    if args.backward:
+        out, lse = api.forward(q, k, v, causal=causal)
+        dout = torch.randn_like(out)
+        for deterministic in (False, True):
+            grads = api.backward(
+                dout, q, k, v, out, lse, causal=causal, deterministic=deterministic,
+                family=args.family,
+            )
+            torch.cuda.synchronize()
+            finite = all(bool(torch.isfinite(g).all()) for g in grads)
+            print(causal, "deterministic" if deterministic else "atomic", "finite:", finite)
+        continue
     plan = plan_forward(problem, family=args.family)
     plans = [plan]
     if plan.option("persistent") is not None:

@@ -89,9 +89,8 @@ def flash_attn_func(
     - ``softcap``: >= 0; only 0.0 (off) is supported yet.
     - ``alibi_slopes``: only None is supported (NotImplementedError else).
     - ``deterministic``: the forward is deterministic already (each output row is reduced in
-      one fixed order, no atomics). The backward accumulates dq with atomics, so
-      ``deterministic=True`` with inputs that require grad raises NotImplementedError until
-      the ordered dq accumulation exists.
+      one fixed order, no atomics); ``True`` makes the backward bitwise reproducible too (the
+      key tiles add their dq terms in a fixed order, waiting their turn).
     - ``return_attn_probs``: only False; flash-attn 2 returns (out, softmax_lse, S_dmask) with
       it. Ask for the lse with ``return_lse=True`` instead.
     - ``out``, if given, receives the result; it must not overlap q, k or v. With inputs that
@@ -165,17 +164,12 @@ def forward(
 
     softmax_scale = float(softmax_scale)
     if _requires_grad(q, k, v):
-        if deterministic:
-            raise NotImplementedError(
-                "deterministic=True: the backward accumulates dq with atomics (run-to-run "
-                "bitwise equality is not implemented yet); pass deterministic=False"
-            )
         if plan is not None:
             raise NotImplementedError(
                 "an explicit plan runs the forward only; call under torch.no_grad() or use "
                 "backward(..., plan=) for the backward"
             )
-        result, lse = ops.attention(q, k, v, softmax_scale, causal, family)
+        result, lse = ops.attention(q, k, v, softmax_scale, causal, family, deterministic)
         if out is None:
             return result, lse
         validate.check_out_memory(out, q, k, v)
@@ -209,6 +203,7 @@ def backward(
     *,
     softmax_scale=None,
     causal=False,
+    deterministic=False,
     family: str | None = None,
     plan: KernelPlan | None = None,
     dq=None,
@@ -228,6 +223,7 @@ def backward(
     validate.check_grad_buffers(q, k, v, dout, out, dq=dq, dk=dk, dv=dv)
     validate.check_scalars(softmax_scale, 0.0)
     validate.check_flag("causal", causal)
+    validate.check_flag("deterministic", deterministic)
     if family is not None and plan is not None:
         raise ValueError("give family or plan, not both (a plan names its family)")
     if family is not None and not get_family(family).has_backward:
@@ -238,13 +234,14 @@ def backward(
     softmax_scale = float(softmax_scale)
     buffers = dict(dq=dq, dk=dk, dv=dv)
     if plan is None and all(x is None for x in buffers.values()):
-        return ops.backward(dout, q, k, v, out, lse, softmax_scale, causal, family)
-    if plan is None:
-        plan = plan_backward(
-            ops.forward_problem(q, k, v, causal=causal), family=ops.backward_family(family)
+        return ops.backward(
+            dout, q, k, v, out, lse, softmax_scale, causal, family, deterministic
         )
+    problem = ops.forward_problem(q, k, v, causal=causal, deterministic=deterministic)
+    if plan is None:
+        plan = plan_backward(problem, family=ops.backward_family(family))
     if not isinstance(plan, KernelPlan) or plan.kind != "backward":
         raise TypeError(f"plan must be a backward KernelPlan, got {plan!r}")
-    check_plan(plan, ops.forward_problem(q, k, v, causal=causal))
+    check_plan(plan, problem)
     dout, q, k, v = (validate.kernel_ready(x) for x in (dout, q, k, v))
     return ops.launch_backward(dout, q, k, v, out, lse, softmax_scale, plan, **buffers)

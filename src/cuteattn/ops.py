@@ -25,10 +25,10 @@ validating the arguments; torch.compile traces that code and records this one op
 Training goes through a second, functional op (torch's autograd registration needs one):
 
     cuteattn::attention(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal,
-                        str? family) -> (Tensor out, Tensor lse)
+                        str? family, bool deterministic) -> (Tensor out, Tensor lse)
     cuteattn::backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-                       float softmax_scale, bool causal, str? family) -> (Tensor dq, Tensor dk,
-                       Tensor dv)
+                       float softmax_scale, bool causal, str? family, bool deterministic)
+                       -> (Tensor dq, Tensor dk, Tensor dv)
 
 ``attention`` saves q, k, v, out and lse (no copies) and its autograd formula calls
 ``backward``, which plans the backward on the device's arch (``plan_backward``: the first
@@ -47,9 +47,11 @@ import torch
 from cuteattn import validate
 from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_forward
 from cuteattn.runtime.arch import device_arch
-from cuteattn.runtime.compile import compile_backward, compile_forward
-
-LOG2_E = 1.4426950408889634
+from cuteattn.runtime.compile import (
+    compile_backward,
+    compile_backward_preprocess,
+    compile_forward,
+)
 
 
 @functools.cache
@@ -73,8 +75,11 @@ def empty_lse(q: torch.Tensor) -> torch.Tensor:
     return torch.empty(lse_shape(q), dtype=torch.float32, device=q.device)
 
 
-def forward_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> Problem:
-    """The planner's Problem for validated inputs, on the arch of q's device."""
+def forward_problem(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, deterministic: bool = False
+) -> Problem:
+    """The planner's Problem for validated inputs, on the arch of q's device (``deterministic``
+    matters to the backward's plan only)."""
     batch, seqlen_q, heads_q, dim = q.shape
     return Problem(
         batch=batch,
@@ -87,6 +92,7 @@ def forward_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         dtype=validate.DTYPES[q.dtype],
         causal=causal,
         arch=device_arch(q.device),
+        deterministic=deterministic,
     )
 
 
@@ -142,8 +148,10 @@ def attention(
     softmax_scale: float,
     causal: bool,
     family: str | None,
+    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of validated q, k, v in new tensors; differentiable in q, k, v."""
+    """(out, lse) of validated q, k, v in new tensors; differentiable in q, k, v (with a
+    bitwise reproducible backward when ``deterministic``)."""
     q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
     out = torch.empty(out_shape(q, v), dtype=q.dtype, device=q.device)
     plan = plan_forward(forward_problem(q, k, v, causal=causal), family=family)
@@ -151,7 +159,7 @@ def attention(
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, softmax_scale, causal, family):
+def _attention_fake(q, k, v, softmax_scale, causal, family, deterministic):
     return q.new_empty(out_shape(q, v)), empty_lse(q)
 
 
@@ -172,26 +180,32 @@ def launch_backward(
     """Run ``plan``'s backward on the current stream: returns (dq, dk, dv), written into the
     given buffers (dk, dv kernel-addressable: ``validate.check_grad_buffers``) or new ones.
 
-    The preprocess and postprocess are PyTorch for now (issue 6 moves them into kernels):
-    rowsum(dout * out) and lse in log2 units (+inf where the forward saw no key, so those
-    probabilities are 0), both padded to whole query tiles (padding rows: dpsum 0, lse +inf);
-    dq = the fp32 accumulator (the kernel folds softmax_scale in) cast to q's dtype.
+    Three launches: the preprocess kernel (``kernels/bwd_preprocess.py``: rowsum(dout * out)
+    and lse in log2 units, +inf where the forward saw no key so those probabilities are 0,
+    both padded to whole query tiles), the plan's kernel (dk, dv; dq accumulated in fp32 with
+    softmax_scale folded in), and the cast of the accumulator to dq (a PyTorch copy).
     """
     with torch.cuda.device(q.device):
         batch, seqlen_q, heads_q, dim = q.shape
         rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
         f32 = dict(dtype=torch.float32, device=q.device)
-        dpsum = torch.zeros(batch, heads_q, rows, **f32)
-        dpsum[:, :, :seqlen_q] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
-        lse_log2 = torch.full((batch, heads_q, rows), float("inf"), **f32)
-        lse_log2[:, :, :seqlen_q] = torch.where(lse == -float("inf"), float("inf"), lse * LOG2_E)
+        dpsum = torch.empty(batch, heads_q, rows, **f32)
+        lse_log2 = torch.empty(batch, heads_q, rows, **f32)
+        preprocess = compile_backward_preprocess(plan.arch, plan.dtype, dim)
+        preprocess(validate.kernel_ready(out), dout, lse.contiguous(), lse_log2, dpsum)
         dq_accum = torch.zeros(batch, heads_q, rows, dim, **f32)
         if dk is None:
             dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         if dv is None:
             dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         kernel = compile_backward(plan)
-        kernel(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, softmax_scale)
+        semaphore = None
+        if plan.option("deterministic", False):
+            # Turn counters of the ordered dq accumulation, one per (batch, head, query tile).
+            semaphore = torch.zeros(
+                batch, heads_q, rows // plan.tile_m, dtype=torch.int32, device=q.device
+            )
+        kernel(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, softmax_scale)
         if dq is None:
             dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dq.copy_(dq_accum[:, :, :seqlen_q].transpose(1, 2))
@@ -217,31 +231,36 @@ def backward(
     softmax_scale: float,
     causal: bool,
     family: str | None,
+    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of attention(q, k, v) for the output gradient ``dout``."""
+    """(dq, dk, dv) of attention(q, k, v) for the output gradient ``dout``; bitwise
+    reproducible when ``deterministic``."""
     dout, q, k, v = (validate.kernel_ready(x) for x in (dout, q, k, v))
-    plan = plan_backward(forward_problem(q, k, v, causal=causal), family=backward_family(family))
+    problem = forward_problem(q, k, v, causal=causal, deterministic=deterministic)
+    plan = plan_backward(problem, family=backward_family(family))
     return launch_backward(dout, q, k, v, out, lse, softmax_scale, plan)
 
 
 @backward.register_fake
-def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, family):
+def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, family, deterministic):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _attention_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, family = inputs
+    q, k, v, softmax_scale, causal, family, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale, ctx.causal, ctx.family = softmax_scale, causal, family
+    ctx.deterministic = deterministic
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = backward(
-        grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.family
+        grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.family,
+        ctx.deterministic,
     )
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None
 
 
 attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)

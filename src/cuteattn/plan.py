@@ -41,6 +41,8 @@ class Problem:
     dtype: str  # "bf16" | "fp16"
     causal: bool
     arch: ArchCaps
+    # Backward: dq accumulated in a fixed order, bitwise reproducible run to run.
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)

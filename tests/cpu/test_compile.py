@@ -98,13 +98,25 @@ def backward_cases(cases):
 
 
 def compile_backward_case(family, arch, head_dim, causal, dtype):
-    problem = Problem(
-        batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
-        head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
-    )
-    plan = plan_backward(problem, family=family)
-    assert plan.kind == "backward" and plan.arch == arch_from_name(arch).name
-    assert compile_backward(plan) is not None, plan
+    """Both backward variants the family has for the case: dq by plain atomics, and in
+    key-tile order (deterministic). sm90's backward covers head dims up to 128, not
+    deterministic; the sm80 one covers every case."""
+    compiled = 0
+    for deterministic in (False, True):
+        problem = Problem(
+            batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+            head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
+            deterministic=deterministic,
+        )
+        try:
+            plan = plan_backward(problem, family=family)
+        except NotImplementedError:
+            assert family != "sm80", (family, arch, head_dim, deterministic)
+            continue
+        assert plan.kind == "backward" and plan.arch == arch_from_name(arch).name
+        assert compile_backward(plan) is not None, plan
+        compiled += 1
+    assert compiled or head_dim > 128, (family, arch, head_dim)
 
 
 @pytest.mark.compile
@@ -118,3 +130,12 @@ def test_backward_compiles(case):
 @pytest.mark.parametrize("case", backward_cases(full_matrix()), ids=case_id)
 def test_backward_compiles_full_matrix(case):
     compile_backward_case(*case)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", TARGETS)
+def test_backward_preprocess_compiles(arch):
+    from cuteattn.runtime.compile import compile_backward_preprocess
+
+    for head_dim, dtype in ((64, "bf16"), (96, "fp16"), (256, "bf16")):
+        assert compile_backward_preprocess(arch_from_name(arch).name, dtype, head_dim) is not None

@@ -17,6 +17,7 @@ from cuteattn.plan import (
     families,
     family_names,
     get_family,
+    plan_backward,
     plan_forward,
 )
 
@@ -327,3 +328,30 @@ def test_packed_plan_must_match_the_head_group():
     assert not get_family("sm90").can_implement(
         sm90_plan(pack_gqa=129), arch_from_name("sm_90a")
     )
+
+
+def test_backward_plans_carry_the_deterministic_switch():
+    for deterministic in (False, True):
+        plan = plan_backward(problem(deterministic=deterministic), family="sm80")
+        assert (plan.family, plan.kind) == ("sm80", "backward")
+        assert plan.options == (("deterministic", deterministic),)
+        check_plan(plan, problem(deterministic=deterministic))
+        with pytest.raises(ValueError, match=r"deterministic"):
+            check_plan(plan, problem(deterministic=not deterministic))
+    forward = plan_forward(problem(deterministic=True), family="sm80")
+    assert forward.options == ()  # the forward has no switch: it is deterministic already
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_hopper_backward_family(head_dim):
+    """sm90's backward takes head dims up to 128 unless deterministic; the rest fall back to
+    the sm80 backward."""
+    plan = plan_backward(problem(head_dim))
+    assert plan.kind == "backward"
+    assert plan.family == ("sm90" if head_dim <= 128 else "sm80")
+    assert plan_backward(problem(head_dim, deterministic=True)).family == "sm80"
+    assert plan_backward(problem(head_dim, arch="sm_80")).family == "sm80"
+    if head_dim <= 128:
+        assert (plan.tile_m, plan.tile_n, plan.num_threads, plan.num_stages) == (64, 128, 384, 2)
+        with pytest.raises(ValueError, match=r"deterministic"):
+            check_plan(plan, problem(head_dim, deterministic=True))

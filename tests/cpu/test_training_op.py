@@ -108,11 +108,12 @@ def no_launch(monkeypatch):
 def test_the_ops_are_registered_with_their_schemas():
     assert str(ATTENTION._schema) == (
         "cuteattn::attention(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, "
-        "str? family) -> (Tensor, Tensor)"
+        "str? family, bool deterministic) -> (Tensor, Tensor)"
     )
     assert str(BACKWARD._schema) == (
         "cuteattn::backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "float softmax_scale, bool causal, str? family) -> (Tensor, Tensor, Tensor)"
+        "float softmax_scale, bool causal, str? family, bool deterministic) -> "
+        "(Tensor, Tensor, Tensor)"
     )
 
 
@@ -128,8 +129,8 @@ def test_gradients_flow_through_the_ops(cpu_launches, causal):
     (fwd, fwd_plan, fwd_scale), (bwd, bwd_plan, bwd_scale) = cpu_launches
     assert (fwd, bwd) == ("forward", "backward")
     assert fwd_plan.family == "sm90" and fwd_plan.kind == "forward"
-    # sm90 has no backward kernel yet: the planner's backward family on Hopper is sm80.
-    assert (bwd_plan.family, bwd_plan.kind, bwd_plan.causal) == ("sm80", "backward", causal)
+    # Hopper's backward family for d64 (qkv()'s head dim): sm90.
+    assert (bwd_plan.family, bwd_plan.kind, bwd_plan.causal) == ("sm90", "backward", causal)
     assert fwd_scale == bwd_scale == 0.3
 
 
@@ -163,12 +164,14 @@ def test_out_with_grad_receives_the_result(cpu_launches):
     assert q.grad is not None
 
 
-def test_deterministic_backward_is_not_implemented_yet(cpu_launches):
+def test_deterministic_reaches_the_backward_plan(cpu_launches):
     q, k, v = qkv()
-    with pytest.raises(NotImplementedError, match=r"deterministic=True"):
-        cuteattn.flash_attn_func(q, k, v, deterministic=True)
-    with torch.no_grad():
-        cuteattn.flash_attn_func(q, k, v, deterministic=True)  # the forward is deterministic
+    cuteattn.flash_attn_func(q, k, v, deterministic=True).sum().backward()
+    cuteattn.flash_attn_func(q, k, v).sum().backward()
+    backward_plans = [plan for kind, plan, _ in cpu_launches if kind == "backward"]
+    assert [plan.option("deterministic") for plan in backward_plans] == [True, False]
+    forward_plans = [plan for kind, plan, _ in cpu_launches if kind == "forward"]
+    assert forward_plans[0] == forward_plans[1]  # the forward does not change
 
 
 def test_an_explicit_forward_plan_does_not_record_a_backward(cpu_launches):
@@ -185,12 +188,14 @@ def test_opcheck(cpu_launches, causal):
     """Schemas, fake vs real metadata, autograd registration, aot_dispatch: every opcheck
     test, with the CPU launches real."""
     q, k, v = qkv()
-    torch.library.opcheck(ATTENTION, (q, k, v, 0.125, causal, None))
+    torch.library.opcheck(ATTENTION, (q, k, v, 0.125, causal, None, False))
     with torch.no_grad():
-        out, lse = ATTENTION(q, k, v, 0.125, causal, None)
+        out, lse = ATTENTION(q, k, v, 0.125, causal, None, False)
     dout = torch.randn_like(out)
-    args = (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.125, causal, None)
-    torch.library.opcheck(BACKWARD, args)
+    for deterministic in (False, True):
+        args = (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.125, causal, None,
+                deterministic)
+        torch.library.opcheck(BACKWARD, args)
 
 
 def test_backward_entry_checks_its_inputs(cpu_launches):
@@ -202,8 +207,8 @@ def test_backward_entry_checks_its_inputs(cpu_launches):
         api.backward(dout, q, k, v, out, lse.double())
     with pytest.raises(ValueError, match=r"dout must have the shape of q"):
         api.backward(dout[:, :-1], q, k, v, out, lse)
-    with pytest.raises(NotImplementedError, match=r"'sm90' has no backward kernel yet"):
-        api.backward(dout, q, k, v, out, lse, family="sm90")
+    with pytest.raises(NotImplementedError, match=r"cannot run this problem's backward"):
+        api.backward(dout, q, k, v, out, lse, family="sm90", deterministic=True)
     dq, dk, dv = api.backward(dout, q, k, v, out, lse, family="sm80")
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
 

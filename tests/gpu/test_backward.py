@@ -27,12 +27,25 @@ def _ids(value):
     return str(value)
 
 
-def _skip_unless_supported(family):
-    from cuteattn.plan import get_family
+def _skip_unless_supported(family, head_dim=None, deterministic=False):
+    """Skip where the family has no backward for the case (it runs elsewhere: sm90's backward
+    covers head dims up to 128 without deterministic, the sm80 one everything)."""
+    from cuteattn.plan import Problem, get_family, plan_backward
     from cuteattn.runtime.arch import device_arch
 
-    if not get_family(family).supports(device_arch(torch.device("cuda"))):
+    arch = device_arch(torch.device("cuda"))
+    if not get_family(family).supports(arch):
         pytest.skip(f"family {family} does not run on this GPU")
+    if head_dim is not None:
+        problem = Problem(
+            batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+            head_dim_v=head_dim, dtype="bf16", causal=False, arch=arch,
+            deterministic=deterministic,
+        )
+        try:
+            plan_backward(problem, family=family)
+        except NotImplementedError as exc:
+            pytest.skip(str(exc))
 
 
 def _check_grads(grads, q, k, v, dout, causal, softmax_scale=None):
@@ -58,7 +71,7 @@ def test_backward_matches_reference(
     from cuteattn import api
     from cuteattn.testing import poison_like
 
-    _skip_unless_supported(family)
+    _skip_unless_supported(family, head_dim)
     batch = 2
     q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=dtype)
@@ -73,6 +86,70 @@ def test_backward_matches_reference(
     _check_grads(got, q, k, v, dout, causal)
 
 
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv): query tiles past the keys' diagonal
+# (seqlen_q > seqlen_k causal: m_block_min > 0), and more CTAs than SMs (batch 4, 8 KV heads,
+# 32 key tiles each: waited-on CTAs are not all resident when their successors start).
+DETERMINISTIC_SHAPES = ((2, 1000, 1100, 8, 2), (2, 1500, 700, 4, 4), (4, 4096, 4096, 8, 8))
+
+
+@pytest.mark.parametrize("shape", DETERMINISTIC_SHAPES, ids=str)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("family", BACKWARD_FAMILIES)
+def test_deterministic_backward_is_bitwise_reproducible(family, head_dim, causal, shape):
+    """Three runs give bitwise-equal dq, dk, dv (the non-deterministic kernel need not), and
+    they match the reference; once more through autograd."""
+    import cuteattn
+    from cuteattn import api
+
+    _skip_unless_supported(family, head_dim, deterministic=True)
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    out, lse = api.forward(q, k, v, causal=causal)
+    runs = [
+        api.backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, family=family)
+        for _ in range(3)
+    ]
+    torch.cuda.synchronize()
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(run, runs[0]))
+    _check_grads(runs[0], q, k, v, dout, causal)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    cuteattn.flash_attn_func(*leaves, causal=causal, deterministic=True).backward(dout)
+    assert all(torch.equal(x.grad, g) for x, g in zip(leaves, runs[0]))
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_backward_preprocess(head_dim):
+    """dpsum = rowsum(dout * out) in fp32, lse in log2 units, rows that saw no key (lse -inf)
+    and padding rows -> +inf / 0; every padded row written (buffers poisoned)."""
+    import math
+
+    from cuteattn.runtime.arch import device_arch
+    from cuteattn.runtime.compile import compile_backward_preprocess
+
+    batch, seqlen_q, heads, rows = 2, 200, 3, 256
+    out = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn_like(out)
+    lse = torch.randn(batch, heads, seqlen_q, device="cuda") * 5
+    lse[:, :, :7] = float("-inf")
+    lse_log2 = torch.full((batch, heads, rows), float("nan"), device="cuda")
+    dpsum = torch.full_like(lse_log2, float("nan"))
+    arch = device_arch(torch.device("cuda")).name
+    compile_backward_preprocess(arch, "bf16", head_dim)(out, dout, lse, lse_log2, dpsum)
+    torch.cuda.synchronize()
+    want = (dout.double() * out.double()).sum(-1).transpose(1, 2)
+    torch.testing.assert_close(dpsum[:, :, :seqlen_q].double(), want, atol=1e-3, rtol=1e-5)
+    assert torch.all(dpsum[:, :, seqlen_q:] == 0)
+    finite = lse[:, :, 7:]
+    torch.testing.assert_close(lse_log2[:, :, 7:seqlen_q], finite * math.log2(math.e))
+    assert torch.all(lse_log2[:, :, :7] == float("inf"))
+    assert torch.all(lse_log2[:, :, seqlen_q:] == float("inf"))
+
+
 @pytest.mark.parametrize("family", BACKWARD_FAMILIES)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_every_backward_tiling_runs(family, head_dim):
@@ -84,20 +161,26 @@ def test_every_backward_tiling_runs(family, head_dim):
     from cuteattn.plan import Problem, get_family, plan_backward
     from cuteattn.runtime.arch import device_arch
 
-    _skip_unless_supported(family)
+    _skip_unless_supported(family, head_dim)
     arch = device_arch(torch.device("cuda"))
     descriptor = get_family(family)
     plans = []
     for caps in KNOWN_ARCHS.values():
         if not descriptor.supports(caps):
             continue
-        problem = Problem(
-            batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
-            head_dim_v=head_dim, dtype="bf16", causal=True, arch=caps,
-        )
-        plan = dataclasses.replace(plan_backward(problem, family=family), arch=arch.name)
-        if plan not in plans and descriptor.can_implement(plan, arch):
-            plans.append(plan)
+        for deterministic in (False, True):
+            problem = Problem(
+                batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+                head_dim_v=head_dim, dtype="bf16", causal=True, arch=caps,
+                deterministic=deterministic,
+            )
+            try:
+                plan = plan_backward(problem, family=family)
+            except NotImplementedError:
+                continue  # e.g. sm90 has no deterministic backward yet
+            plan = dataclasses.replace(plan, arch=arch.name)
+            if plan not in plans and descriptor.can_implement(plan, arch):
+                plans.append(plan)
     assert plans
     q = torch.randn(2, 333, 4, head_dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 517, 2, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -105,7 +188,10 @@ def test_every_backward_tiling_runs(family, head_dim):
     dout = torch.randn_like(q)
     out, lse = api.forward(q, k, v, causal=True)
     for plan in plans:
-        got = api.backward(dout, q, k, v, out, lse, causal=True, plan=plan)
+        got = api.backward(
+            dout, q, k, v, out, lse, causal=True, plan=plan,
+            deterministic=plan.option("deterministic", False),
+        )
         try:
             _check_grads(got, q, k, v, dout, True)
         except AssertionError as exc:

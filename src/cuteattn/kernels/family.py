@@ -81,8 +81,9 @@ class KernelFamily(abc.ABC):
         return fake_forward_args(plan)
 
     def fake_backward_args(self, plan: KernelPlan) -> tuple:
-        """(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv) fake DSL tensors to compile a
-        backward plan's kernel with."""
+        """(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore) fake DSL arguments to
+        compile a backward plan's kernel with (semaphore None unless the plan is
+        deterministic)."""
         from cuteattn.kernels.common.compile_args import fake_backward_args
 
         return fake_backward_args(plan)

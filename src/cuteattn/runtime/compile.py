@@ -41,14 +41,43 @@ def compile_forward(plan: KernelPlan):
 def compile_backward(plan: KernelPlan):
     """Compile (or fetch) the main backward kernel for a plan.
 
-    Call it as ``fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, softmax_scale)``
-    (``cuteattn.ops.backward`` prepares the fp32 buffers).
+    Call it as ``fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore,
+    softmax_scale)``: ``semaphore`` is the int32 turn counters of a deterministic plan, else None
+    (``cuteattn.ops.launch_backward`` prepares the buffers).
     """
     if plan.kind != "backward":
         raise ValueError(f"not a backward plan: {plan}")
     return _compile(plan, lambda family, cutlass: (
         *family.fake_backward_args(plan), cutlass.Float32(1.0)
     ))
+
+
+_preprocess_compiled: dict[tuple[str, str, int], object] = {}
+
+
+def compile_backward_preprocess(arch: str, dtype: str, head_dim: int):
+    """Compile (or fetch) the backward preprocess (``kernels/bwd_preprocess.py``), one per
+    (arch, dtype, head_dim). Call it as ``fn(out, dout, lse, lse_log2, dpsum)``."""
+    key = (arch, dtype, head_dim)
+    fn = _preprocess_compiled.get(key)
+    if fn is None:
+        _check_dependencies_once()
+        import cutlass.cute as cute
+
+        from cuteattn.kernels.bwd_preprocess import BackwardPreprocess, preprocess_fake_args
+        from cuteattn.kernels.common.compile_args import dsl_dtype
+
+        start = time.perf_counter()
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        fn = cute.compile(
+            BackwardPreprocess(dtype=dsl_dtype(dtype), head_dim=head_dim),
+            *preprocess_fake_args(dsl_dtype(dtype), head_dim),
+            stream,
+            options=f"--enable-tvm-ffi --gpu-arch {arch}",
+        )
+        _preprocess_compiled[key] = fn
+        log.info("compiled the backward preprocess %s in %.1f s", key, time.perf_counter() - start)
+    return fn
 
 
 def _compile(plan: KernelPlan, fake_args):

@@ -48,9 +48,10 @@ def fake_forward_args(plan: KernelPlan) -> tuple:
 
 
 def fake_backward_args(plan: KernelPlan) -> tuple:
-    """(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv): inputs and gradients in the
-    flash-attn layout, and the preprocess's fp32 per-row buffers, rows padded (a symbolic
-    count) so whole query tiles stay in bounds."""
+    """(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore): inputs and gradients in
+    the flash-attn layout, the preprocess's fp32 per-row buffers, rows padded (a symbolic
+    count) so whole query tiles stay in bounds, and for a deterministic plan the int32
+    (batch, heads_q, m_blocks) turn counters (else None)."""
     n = _fake_sizes()
     rows = cute.sym_int()
     q = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
@@ -61,7 +62,13 @@ def fake_backward_args(plan: KernelPlan) -> tuple:
     lse_log2 = _fake_fp32(n["batch"], n["heads_q"], rows, align=16)
     dpsum = _fake_fp32(n["batch"], n["heads_q"], rows, align=16)
     dq_accum = _fake_fp32(n["batch"], n["heads_q"], rows, plan.head_dim, align=16)
-    return q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv
+    semaphore = None
+    if plan.option("deterministic", False):
+        semaphore = make_fake_tensor(
+            cutlass.Int32, (n["batch"], n["heads_q"], cute.sym_int()),
+            (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4,
+        )
+    return q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore
 
 
 def check_operand_dtypes(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor):

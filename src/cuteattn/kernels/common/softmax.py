@@ -13,6 +13,13 @@ over 2^24 keys while O, scaled alike, stayed right.) A plain fp32 running sum is
 the lse is within 1.2e-5 of the fp64 value at 2^24 keys in both families (docs/PERF.md); a
 Kahan-compensated sum gained 1e-5 there and cost 1-3% of throughput, so it is not used.
 
+Lazy rescale (``rescale_threshold`` > 0, log2 units): a row keeps its old max while the new
+one exceeds it by at most the threshold, so its P values may reach 2^threshold (within 16-bit
+range for 8) and O and the row sum are not rescaled; ``rescale_rows_where_needed`` then skips
+the O multiply for a warp whose rows all kept their max, which after the first key tiles is
+nearly every tile. The statistics stay consistent (the lse uses the max the row kept), so
+the result is exact either way.
+
 A row that has seen only masked (-inf) scores keeps max -inf and sum 0: its exponentials use 0
 as the subtracted max (so -inf - 0 stays -inf -> 0, never NaN), and ``finalize`` turns it into
 output 0 and LSE -inf.
@@ -82,10 +89,15 @@ def _add(a, b):
 class OnlineSoftmax:
     """Running row max / row sum for the rows of one thread's accumulator fragment."""
 
-    def __init__(self, scale_log2: Float32, num_rows: int, *, reduce_chains: int = 4):
+    def __init__(
+        self, scale_log2: Float32, num_rows: int, *, reduce_chains: int = 4,
+        rescale_threshold: float = 0.0,
+    ):
         """reduce_chains: independent chains per row reduction (``row_reduce``). Four suit a
         warpgroup's two rows per thread; the sm80 kernel, four or more rows per thread at 255
-        registers, spills with them (d128: 20 -> 55 spill instructions) and uses one."""
+        registers, spills with them (d128: 20 -> 55 spill instructions) and uses one.
+        rescale_threshold: log2 units a row's max may lag behind (0: always the new max)."""
+        self.rescale_threshold = rescale_threshold
         self.scale_log2 = scale_log2
         self.num_rows = num_rows
         self.reduce_chains = reduce_chains
@@ -107,6 +119,12 @@ class OnlineSoftmax:
             )
             # A fully masked row so far: subtract 0 instead of -inf so exp2 yields 0, not NaN.
             safe_max = new_max if new_max != -Float32.inf else Float32(0.0)
+            if cutlass.const_expr(not is_first and self.rescale_threshold > 0.0):
+                # Keep the old max while the new one is within the threshold (lazy rescale).
+                lag = (prev_max - safe_max) * self.scale_log2
+                keep = lag >= Float32(-self.rescale_threshold)
+                safe_max = prev_max if keep else safe_max
+                new_max = prev_max if keep else new_max
             max_scaled = safe_max * self.scale_log2
             probs = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
             scores[r, None] = probs
@@ -146,3 +164,14 @@ def rescale_rows(acc: cute.Tensor, row_scale: cute.Tensor):
     acc_rc = acc_as_rows_cols(acc)
     for r in cutlass.range_constexpr(cute.size(row_scale)):
         acc_rc[r, None] = acc_rc[r, None].load() * row_scale[r]
+
+
+@cute.jit
+def rescale_rows_where_needed(acc: cute.Tensor, row_scale: cute.Tensor):
+    """``rescale_rows``, skipped (a warp-uniform branch) when every row of the warp has factor
+    1, as rows under a lazy rescale mostly do."""
+    needed = row_scale[0] != Float32(1.0)
+    for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+        needed = needed | (row_scale[r] != Float32(1.0))
+    if cute.arch.vote_any_sync(needed):
+        rescale_rows(acc, row_scale)

@@ -10,14 +10,21 @@ softmax_scale * dS K added to dq_accum (the postprocess casts it).
 One CTA owns one key tile (tile_n keys) of one KV head: it keeps dK and dV of the tile in
 registers and visits every query tile of every query head that shares the KV head (GQA / MQA
 need no atomics and no expanded buffers for dK, dV). For each (query head, m_block):
-  1. cp.async Q and dO tiles (rows past seqlen_q zeroed);
+  1. cp.async Q and dO tiles (rows past seqlen_q zeroed); with two stages, the next step's
+     tiles load into the other buffer while this step computes;
   2. S = Q K^T and dP = dO V^T (ldmatrix + mma.sync, operands in shared memory);
   3. mask S (seqlen_k bound, causal diagonal), P = exp2(S * scale_log2 - lse_log2), the
      probabilities of the forward without recomputing its statistics;
      dS = P * (dP - dpsum);
   4. P and dS (16-bit) to shared memory;
   5. dV += P^T dO and dK += dS^T Q, the transposed operands read with ldmatrix.trans;
-  6. dQ = dS K, added to dq_accum with fp32 atomics (red.global.add).
+  6. dQ = dS K, added to dq_accum with fp32 atomics (red.global.add). Deterministic: the
+     key tiles of a KV head add to one query tile in n_block order, each waiting on a
+     per-(batch, head, m_block) counter (``semaphore``, zeroed) for its turn, so every dq
+     element sums its terms in one fixed order. Every lower key tile contributes to the
+     query tiles a key tile visits (causal: the first visible query tile only moves down as
+     n_block grows), so the turn of key tile n is n; lower key tiles are launched first and
+     never wait on higher ones, so the waits end.
 Then dK *= softmax_scale, and dK, dV go through shared memory (K's and V's buffers) to 128-bit
 global stores; rows past seqlen_k are not written. Key tiles no query row can see (causal,
 seqlen_q < seqlen_k... the rows above the diagonal) are skipped; a key tile that no query
@@ -50,9 +57,14 @@ LOG2_E = math.log2(math.e)
 
 
 def _transposed(tensor: cute.Tensor) -> cute.Tensor:
-    """A (rows, cols) shared-memory tile seen as (cols, rows)."""
+    """A (rows, cols[, stages]) shared-memory tile seen as (cols, rows[, stages])."""
     rows, cols = cute.size(tensor, mode=[0]), cute.size(tensor, mode=[1])
-    return cute.composition(tensor, cute.make_layout((cols, rows), stride=(rows, 1)))
+    if cute.rank(tensor) == 2:
+        return cute.composition(tensor, cute.make_layout((cols, rows), stride=(rows, 1)))
+    stages = cute.size(tensor, mode=[2])
+    return cute.composition(
+        tensor, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols))
+    )
 
 
 def _tiled_mma(dtype, warps_mn: tuple[int, int]) -> cute.TiledMma:
@@ -71,6 +83,11 @@ def _smem_operand(copy_atom, tiled_copy_fn, tiled_mma, tidx, smem, regs) -> Smem
     return SmemOperand(thr_copy.partition_S(smem), thr_copy.retile(regs), thr_copy)
 
 
+def _at_stage(operand: SmemOperand, stage) -> SmemOperand:
+    """One stage of an operand partitioned over a staged buffer (stages the last mode)."""
+    return SmemOperand(operand.smem[None, None, None, stage], operand.regs_view, operand.thr_copy)
+
+
 class FlashBackwardSm80:
     def __init__(
         self,
@@ -81,7 +98,12 @@ class FlashBackwardSm80:
         tile_n: int,
         num_threads: int,
         causal: bool,
+        num_stages: int = 1,
+        deterministic: bool = False,
     ):
+        """num_stages: Q / dO buffers (2: the next query tile loads during this one)."""
+        self.num_stages = num_stages
+        self.deterministic = deterministic
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -106,13 +128,16 @@ class FlashBackwardSm80:
         mdQaccum: cute.Tensor,  # (batch, heads_q, seqlen_q_padded, dim) fp32
         mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mdV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mSemaphore: cute.Tensor | None,  # deterministic: (batch, heads_q, m_blocks) int32, zeroed
         softmax_scale: Float32,
         stream,
     ):
         check_same_dtype(q=mQ, k=mK, v=mV, dout=mdO, dk=mdK, dv=mdV)
 
         tile_atom = smem_tile_atom(self.dtype, self.head_dim)
-        sQ_layout = cute.tile_to_shape(tile_atom, (self.tile_m, self.head_dim), (0, 1))
+        sQ_layout = cute.tile_to_shape(
+            tile_atom, (self.tile_m, self.head_dim, self.num_stages), (0, 1, 2)
+        )
         sKV_layout = cute.tile_to_shape(tile_atom, (self.tile_n, self.head_dim), (0, 1))
         sPdS_layout = cute.tile_to_shape(
             smem_tile_atom(self.dtype, self.tile_n), (self.tile_m, self.tile_n), (0, 1)
@@ -133,7 +158,7 @@ class FlashBackwardSm80:
 
         grid = (cute.ceil_div(mK.shape[1], self.tile_n), mK.shape[2], mK.shape[0])
         self.kernel(
-            mQ, mK, mV, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV,
+            mQ, mK, mV, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
             softmax_scale * LOG2_E, softmax_scale,
             sQ_layout, sKV_layout, sPdS_layout, gmem_copy_async, gmem_copy_store,
             _tiled_mma(self.dtype, self.warps_sdp),
@@ -159,6 +184,7 @@ class FlashBackwardSm80:
         mdQaccum: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
+        mSemaphore: cute.Tensor | None,
         scale_log2: Float32,
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
@@ -181,13 +207,18 @@ class FlashBackwardSm80:
 
         # ---- Shared memory and its MMA views ------------------------------------------------------
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout)
-        sdO = storage.sdO.get_tensor(sQ_layout)
+        sQ_stages = storage.sQ.get_tensor(sQ_layout)
+        sdO_stages = storage.sdO.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sKV_layout)
         sV = storage.sV.get_tensor(sKV_layout)
         sP = storage.sP.get_tensor(sPdS_layout)
         sdS = storage.sdS.get_tensor(sPdS_layout)
-        sQt, sdOt, sKt, sPt, sdSt = (_transposed(t) for t in (sQ, sdO, sK, sP, sdS))
+        sKt, sPt, sdSt = (_transposed(t) for t in (sK, sP, sdS))
+        # Register fragments come from stage 0; the ldmatrix partitions span every stage and a
+        # step picks its own (``_at_stage``).
+        sQ, sdO = sQ_stages[None, None, 0], sdO_stages[None, None, 0]
+        sQt, sdOt = _transposed(sQ), _transposed(sdO)
+        sQt_stages, sdOt_stages = _transposed(sQ_stages), _transposed(sdO_stages)
 
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
         thr_dkv = tiled_mma_dkv.get_slice(tidx)
@@ -208,14 +239,16 @@ class FlashBackwardSm80:
 
         ldmatrix, ldmatrix_t = ldmatrix_atoms(self.dtype)
         copy_a, copy_b = cute.make_tiled_copy_A, cute.make_tiled_copy_B
-        q_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sQ, tSrQ)
+        q_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sQ_stages, tSrQ)
         k_operand = _smem_operand(ldmatrix, copy_b, tiled_mma_sdp, tidx, sK, tSrK)
-        do_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sdO, tdPrdO)
+        do_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_sdp, tidx, sdO_stages, tdPrdO)
         v_operand = _smem_operand(ldmatrix, copy_b, tiled_mma_sdp, tidx, sV, tdPrV)
         pt_operand = _smem_operand(ldmatrix_t, copy_a, tiled_mma_dkv, tidx, sPt, tdVrPt)
-        dot_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sdOt, tdVrdOt)
+        dot_operand = _smem_operand(
+            ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sdOt_stages, tdVrdOt
+        )
         dst_operand = _smem_operand(ldmatrix_t, copy_a, tiled_mma_dkv, tidx, sdSt, tdKrdSt)
-        qt_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sQt, tdKrQt)
+        qt_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dkv, tidx, sQt_stages, tdKrQt)
         ds_operand = _smem_operand(ldmatrix, copy_a, tiled_mma_dq, tidx, sdS, tdQrdS)
         kt_operand = _smem_operand(ldmatrix_t, copy_b, tiled_mma_dq, tidx, sKt, tdQrKt)
         # Registers -> shared memory for P and dS, two 16-bit values per store.
@@ -246,10 +279,8 @@ class FlashBackwardSm80:
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
-        coords_q = cute.make_identity_tensor(tile_q)
-        tQsQ = gmem_thr_copy.partition_D(sQ)
-        tdOsdO = gmem_thr_copy.partition_D(sdO)
         score_coords = tile_coords(thr_sdp, tile_mn)
+        num_rows = cute.size(score_coords, mode=[0])
 
         # ---- Query tiles that see this key tile, for every query head of the group ---------------
         m_block_min = Int32(0)
@@ -259,45 +290,65 @@ class FlashBackwardSm80:
             m_block_min = cutlass.max(first_row, 0) // self.tile_m
         m_block_max = cute.ceil_div(seqlen.seqlen_q, self.tile_m)
         num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
-        for step in cutlass.range(group * num_m_blocks, unroll=1):
+        num_steps = group * num_m_blocks
+        query_tiles = dict(
+            mQ=mQ, mdO=mdO, sQ_stages=sQ_stages, sdO_stages=sdO_stages,
+            gmem_copy_async=gmem_copy_async, batch=batch, head_kv=head_kv, group=group,
+            m_block_min=m_block_min, num_m_blocks=num_m_blocks, seqlen_q=seqlen.seqlen_q,
+        )
+        if cutlass.const_expr(self.num_stages > 1):
+            if num_steps > 0:
+                self.load_query_tile(Int32(0), Int32(0), **query_tiles)
+            cute.arch.cp_async_commit_group()
+        for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * group + step // num_m_blocks
             m_block = m_block_min + step % num_m_blocks
-            q_rows_left = seqlen.seqlen_q - m_block * self.tile_m
+            stage = step % self.num_stages
 
-            # 1. Q and dO of this query tile (the previous step's readers passed the barrier).
-            gQ = cute.local_tile(mQ[batch, None, head, None], tile_q, (m_block, 0))
-            gdO = cute.local_tile(mdO[batch, None, head, None], tile_q, (m_block, 0))
-            self.load_rows(
-                gmem_copy_async, gmem_thr_copy.partition_S(gQ), tQsQ, coords_q, q_rows_left
-            )
-            self.load_rows(
-                gmem_copy_async, gmem_thr_copy.partition_S(gdO), tdOsdO, coords_q, q_rows_left
-            )
-            cute.arch.cp_async_commit_group()
+            # 1. Q and dO of this query tile; with two stages, start the next tile's.
+            if cutlass.const_expr(self.num_stages == 1):
+                # The previous step's readers of the buffer passed its closing barrier.
+                self.load_query_tile(step, stage, **query_tiles)
+                cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
+            if cutlass.const_expr(self.num_stages > 1):
+                # The other buffer's readers (the previous step) passed the barrier above.
+                if step + 1 < num_steps:
+                    self.load_query_tile(step + 1, 1 - stage, **query_tiles)
+                cute.arch.cp_async_commit_group()
+            q_stage = _at_stage(q_operand, stage)
+            do_stage = _at_stage(do_operand, stage)
+            dot_stage = _at_stage(dot_operand, stage)
+            qt_stage = _at_stage(qt_operand, stage)
+
+            # Per-row lse and dpsum, read before the GEMMs so their latency hides behind them.
+            gLSE = cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,))
+            gDpsum = cute.local_tile(mDpsum[batch, head, None], (self.tile_m,), (m_block,))
+            row_lse = cute.make_rmem_tensor(num_rows, Float32)
+            row_dpsum = cute.make_rmem_tensor(num_rows, Float32)
+            for r in cutlass.range_constexpr(num_rows):
+                row_lse[r] = gLSE[score_coords[r, 0][0]]
+                row_dpsum[r] = gDpsum[score_coords[r, 0][0]]
 
             # 2. S = Q K^T, dP = dO V^T
             acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_mn), Float32)
             acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_mn), Float32)
             acc_S.fill(0.0)
             acc_dP.fill(0.0)
-            gemm(tiled_mma_sdp, acc_S, tSrQ, tSrK, k_operand, a_from_smem=q_operand)
-            gemm(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, v_operand, a_from_smem=do_operand)
+            gemm(tiled_mma_sdp, acc_S, tSrQ, tSrK, k_operand, a_from_smem=q_stage)
+            gemm(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, v_operand, a_from_smem=do_stage)
 
             # 3. P from the forward's lse; dS = P (dP - rowsum(dO O))
             mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
             mask.apply(
                 acc_S, thr_sdp, m_block, n_block, mask_seqlen=True, mask_causal=self.causal
             )
-            gLSE = cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,))
-            gDpsum = cute.local_tile(mDpsum[batch, head, None], (self.tile_m,), (m_block,))
             scores = acc_as_rows_cols(acc_S)
             dscores = acc_as_rows_cols(acc_dP)
-            for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
-                row = score_coords[r, 0][0]
-                lse_log2 = gLSE[row]
-                dpsum = gDpsum[row]
+            for r in cutlass.range_constexpr(num_rows):
+                lse_log2 = row_lse[r]
+                dpsum = row_dpsum[r]
                 for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
                     prob = cute.math.exp2(scores[r, c] * scale_log2 - lse_log2, fastmath=True)
                     scores[r, c] = prob
@@ -313,8 +364,8 @@ class FlashBackwardSm80:
             cute.arch.barrier()
 
             # 5. dV += P^T dO, dK += dS^T Q
-            gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, dot_operand, a_from_smem=pt_operand)
-            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_operand, a_from_smem=dst_operand)
+            gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, dot_stage, a_from_smem=pt_operand)
+            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
 
             # 6. dQ += softmax_scale * dS K, in fp32 atomics
             acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
@@ -322,12 +373,18 @@ class FlashBackwardSm80:
             gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
             gdQ = cute.local_tile(mdQaccum[batch, head, None, None], tile_q, (m_block, 0))
             tdQgdQ = thr_dq.partition_C(gdQ)
+            if cutlass.const_expr(self.deterministic):
+                turn = mSemaphore[batch, head, None].iterator + m_block
+                self.wait_for_turn(turn, n_block, tidx)
             for i in cutlass.range_constexpr(cute.size(acc_dQ)):
                 cute.arch.atomic_add(
                     tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i] * softmax_scale
                 )
-            # Every warp is done with this step's Q, dO, P and dS before the next load.
-            cute.arch.barrier()
+            if cutlass.const_expr(self.deterministic):
+                self.pass_turn(turn, n_block, tidx)
+            if cutlass.const_expr(self.num_stages == 1):
+                # Every warp is done with this step's Q, dO, P and dS before the next load.
+                cute.arch.barrier()
 
         # ---- Epilogue: dK, dV through K's and V's buffers ---------------------------------------
         # K and V landed even where no query tile was visited (their buffers are reused).
@@ -346,6 +403,42 @@ class FlashBackwardSm80:
                 tidx=tidx,
                 sync=cute.arch.barrier,
             )
+
+    @cute.jit
+    def load_query_tile(
+        self, step: Int32, stage: Int32, *, mQ, mdO, sQ_stages, sdO_stages, gmem_copy_async,
+        batch, head_kv, group, m_block_min, num_m_blocks, seqlen_q,
+    ):
+        """cp.async Q and dO of step ``step``'s (query head, m_block) into buffer ``stage``."""
+        head = head_kv * group + step // num_m_blocks
+        m_block = m_block_min + step % num_m_blocks
+        tile_q = (self.tile_m, self.head_dim)
+        thr_copy = gmem_copy_async.get_slice(cute.arch.thread_idx()[0])
+        coords_q = cute.make_identity_tensor(tile_q)
+        rows_left = seqlen_q - m_block * self.tile_m
+        for mX, sX in ((mQ, sQ_stages), (mdO, sdO_stages)):
+            gX = cute.local_tile(mX[batch, None, head, None], tile_q, (m_block, 0))
+            self.load_rows(
+                gmem_copy_async, thr_copy.partition_S(gX),
+                thr_copy.partition_D(sX[None, None, stage]), coords_q, rows_left,
+            )
+
+    @cute.jit
+    def wait_for_turn(self, counter: cute.Pointer, turn: Int32, tidx: Int32):
+        """Block until ``counter`` reaches ``turn`` (one thread polls; the CTA then proceeds)."""
+        if tidx == 0:
+            seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+            while seen != turn:
+                seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+        cute.arch.barrier()
+
+    @cute.jit
+    def pass_turn(self, counter: cute.Pointer, turn: Int32, tidx: Int32):
+        """Publish this CTA's dq additions, then hand the query tile to key tile turn + 1."""
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier()
+        if tidx == 0:
+            cute.arch.store(counter, turn + 1, sem="release", scope="gpu")
 
     @cute.jit
     def load_rows(

@@ -28,15 +28,16 @@ SM80_TILES = {
 }
 
 
-# Backward tiles per head dim, in order of preference: (tile_m, tile_n, threads). dK and dV of
-# a key tile live in registers (2 * tile_n * dim fp32 over the threads: at most 128 each);
-# later entries fit 99 KB of shared memory (sm_86/89/120).
+# Backward tiles per head dim, in order of preference: (tile_m, tile_n, threads, Q/dO stages).
+# dK and dV of a key tile live in registers (2 * tile_n * dim fp32 over the threads: at most
+# 128 each); two stages load the next query tile during this one where shared memory allows
+# (sm_80's 163 KB, Hopper's 227 KB); later entries fit 99 KB (sm_86/89/120).
 SM80_BACKWARD_TILES = {
-    64: ((64, 128, 256),),
-    96: ((64, 128, 256), (64, 64, 256)),
-    128: ((64, 128, 256), (64, 64, 256)),
-    192: ((64, 64, 256), (64, 32, 128)),
-    256: ((64, 64, 256), (32, 32, 128)),
+    64: ((64, 128, 256, 2),),
+    96: ((64, 128, 256, 2), (64, 64, 256, 2)),
+    128: ((64, 128, 256, 2), (64, 64, 256, 1)),
+    192: ((64, 64, 256, 2), (64, 64, 256, 1), (64, 32, 128, 1)),
+    256: ((64, 64, 256, 2), (64, 64, 256, 1), (32, 32, 128, 1)),
 }
 
 
@@ -65,7 +66,12 @@ class Sm80Family(KernelFamily):
         tiles = SM80_BACKWARD_TILES.get(problem.head_dim, ())
         return tuple(self._plan(problem, *tile, kind="backward") for tile in tiles)
 
-    def _plan(self, problem: Problem, tile_m: int, tile_n: int, num_threads: int, *, kind: str):
+    def _plan(
+        self, problem: Problem, tile_m: int, tile_n: int, num_threads: int, num_stages: int = 1,
+        *, kind: str,
+    ):
+        # The backward's one switch: dq added in key-tile order (bitwise reproducible).
+        options = (("deterministic", problem.deterministic),) if kind == "backward" else ()
         return KernelPlan(
             family=self.name,
             arch=problem.arch.name,
@@ -75,32 +81,31 @@ class Sm80Family(KernelFamily):
             tile_m=tile_m,
             tile_n=tile_n,
             num_threads=num_threads,
+            num_stages=num_stages,
+            options=options,
             kind=kind,
         )
 
     def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
-        fits = (
-            tiling.can_implement if plan.kind == "forward" else tiling.can_implement_backward
-        )
+        sizes = (plan.head_dim, plan.tile_m, plan.tile_n, plan.num_threads, arch.smem_per_block)
+        if plan.kind == "forward":
+            # One stage of K and V in shared memory.
+            fits = plan.num_stages == 1 and tiling.can_implement(*sizes)
+        else:
+            fits = tiling.can_implement_backward(*sizes, num_stages=plan.num_stages)
         return (
             plan.family == self.name
             and plan.arch == arch.name
             and self.supports(arch)
             and plan.dtype in DTYPES
-            # One stage of K and V in shared memory, and no family-specific switches.
-            and plan.num_stages == 1
-            and plan.options == ()
-            and fits(plan.head_dim, plan.tile_m, plan.tile_n, plan.num_threads, arch.smem_per_block)
+            and plan.options == self._options(plan)  # the backward's one switch
+            and fits
         )
 
     def kernel(self, plan: KernelPlan):
         from cuteattn.kernels.common.compile_args import dsl_dtype
 
-        if plan.kind == "forward":
-            from cuteattn.kernels.sm80.forward import FlashForwardSm80 as Kernel
-        else:
-            from cuteattn.kernels.sm80.backward import FlashBackwardSm80 as Kernel
-        return Kernel(
+        sizes = dict(
             dtype=dsl_dtype(plan.dtype),
             head_dim=plan.head_dim,
             tile_m=plan.tile_m,
@@ -108,6 +113,31 @@ class Sm80Family(KernelFamily):
             num_threads=plan.num_threads,
             causal=plan.causal,
         )
+        if plan.kind == "forward":
+            from cuteattn.kernels.sm80.forward import FlashForwardSm80
+
+            return FlashForwardSm80(**sizes)
+        from cuteattn.kernels.sm80.backward import FlashBackwardSm80
+
+        return FlashBackwardSm80(
+            **sizes, num_stages=plan.num_stages, deterministic=plan.option("deterministic")
+        )
+
+    def plan_mismatch(self, plan: KernelPlan, problem: Problem) -> str | None:
+        if plan.kind == "backward" and plan.option("deterministic") != problem.deterministic:
+            return (
+                f"deterministic {plan.option('deterministic')!r} (the call asks for "
+                f"{problem.deterministic!r})"
+            )
+        return None
+
+    @staticmethod
+    def _options(plan: KernelPlan) -> tuple:
+        """The options a well-formed plan of its kind carries."""
+        if plan.kind == "forward":
+            return ()
+        deterministic = plan.option("deterministic")
+        return (("deterministic", deterministic),) if isinstance(deterministic, bool) else None
 
 
 FAMILY = Sm80Family()

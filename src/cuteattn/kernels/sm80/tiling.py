@@ -49,13 +49,15 @@ def backward_warp_layouts(num_warps: int):
     return BACKWARD_WARP_LAYOUTS[num_warps]
 
 
-def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int) -> int:
-    """Q and dO tiles, K and V tiles, P and dS (tile_m x tile_n each)."""
-    return (2 * tile_m * head_dim + 2 * tile_n * head_dim + 2 * tile_m * tile_n) * ELEM_BYTES
+def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, num_stages: int = 1) -> int:
+    """Q and dO tiles (num_stages each), K and V tiles, P and dS (tile_m x tile_n each)."""
+    query = 2 * num_stages * tile_m * head_dim
+    return (query + 2 * tile_n * head_dim + 2 * tile_m * tile_n) * ELEM_BYTES
 
 
 def can_implement_backward(
-    head_dim: int, tile_m: int, tile_n: int, num_threads: int, smem_capacity: int
+    head_dim: int, tile_m: int, tile_n: int, num_threads: int, smem_capacity: int,
+    num_stages: int = 1,
 ) -> bool:
     num_warps = num_threads // 32
     if num_threads % 32 or num_warps not in BACKWARD_WARP_LAYOUTS:
@@ -74,5 +76,6 @@ def can_implement_backward(
         and tile_n % 32 == 0
         and tile_m % rows_per_pass == 0
         and tile_n % rows_per_pass == 0
-        and backward_smem_bytes(head_dim, tile_m, tile_n) <= smem_capacity
+        and num_stages in (1, 2)
+        and backward_smem_bytes(head_dim, tile_m, tile_n, num_stages) <= smem_capacity
     )

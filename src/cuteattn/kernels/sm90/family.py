@@ -67,9 +67,25 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
     return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
 
 
+# The backward (kernels/sm90/backward.py): 64 queries per step, 128 keys per CTA (two consumer
+# warpgroups of 64 keys), two Q / dO stages; head dims up to 128 (dK and dV rows live in
+# registers). Larger head dims and deterministic=True take the sm80 backward for now.
+BACKWARD_HEAD_DIMS = (64, 96, 128)
+BACKWARD_TILE = dict(tile_m=64, tile_n=128, num_threads=384, num_stages=2)
+BACKWARD_SMEM_SLACK = 2048  # barriers and alignment
+
+
+def backward_smem_bytes(head_dim: int) -> int:
+    """K, V (tile_n rows), two stages of Q and dO (tile_m rows), dS^T (tile_n x tile_m)."""
+    tile_m, tile_n, stages = BACKWARD_TILE["tile_m"], BACKWARD_TILE["tile_n"], 2
+    elems = 2 * tile_n * head_dim + 2 * stages * tile_m * head_dim + tile_n * tile_m
+    return elems * tiling.ELEM_BYTES + BACKWARD_SMEM_SLACK
+
+
 class Sm90Family(KernelFamily):
     name = "sm90"
     head_dims = tiling.SUPPORTED_HEAD_DIMS
+    has_backward = True
 
     def supports(self, arch: ArchCaps) -> bool:
         return arch.wgmma and arch.tma
@@ -122,6 +138,17 @@ class Sm90Family(KernelFamily):
                 )
         return tuple(plans)
 
+    def backward_candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
+        if problem.deterministic or problem.head_dim not in BACKWARD_HEAD_DIMS:
+            return ()
+        return (
+            KernelPlan(
+                family=self.name, arch=problem.arch.name, dtype=problem.dtype,
+                head_dim=problem.head_dim, causal=problem.causal, **BACKWARD_TILE,
+                options=(("deterministic", False),), kind="backward",
+            ),
+        )
+
     def representative_problems(
         self, *, dtype: str, head_dim: int, causal: bool, arch: ArchCaps
     ) -> tuple[Problem, ...]:
@@ -137,6 +164,17 @@ class Sm90Family(KernelFamily):
         return (*base, odd_group)
 
     def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
+        if plan.kind == "backward":
+            return (
+                plan.family == self.name
+                and plan.arch == arch.name
+                and self.supports(arch)
+                and plan.dtype in DTYPES
+                and plan.head_dim in BACKWARD_HEAD_DIMS
+                and plan.options == (("deterministic", False),)
+                and all(getattr(plan, name) == value for name, value in BACKWARD_TILE.items())
+                and backward_smem_bytes(plan.head_dim) <= arch.smem_per_block
+            )
         names = tuple(name for name, _ in plan.options)
         return (
             plan.family == self.name
@@ -157,6 +195,18 @@ class Sm90Family(KernelFamily):
 
     def kernel(self, plan: KernelPlan):
         from cuteattn.kernels.common.compile_args import dsl_dtype
+
+        if plan.kind == "backward":
+            from cuteattn.kernels.sm90.backward import FlashBackwardSm90
+
+            return FlashBackwardSm90(
+                dtype=dsl_dtype(plan.dtype),
+                head_dim=plan.head_dim,
+                tile_m=plan.tile_m,
+                tile_n=plan.tile_n,
+                num_stages=plan.num_stages,
+                causal=plan.causal,
+            )
         from cuteattn.kernels.sm90.forward import FlashForwardSm90
 
         return FlashForwardSm90(
@@ -172,6 +222,8 @@ class Sm90Family(KernelFamily):
         )
 
     def plan_mismatch(self, plan: KernelPlan, problem: Problem) -> str | None:
+        if plan.kind == "backward" and problem.deterministic:
+            return "deterministic True (the sm90 backward adds dq in no fixed order yet)"
         group = plan.option("pack_gqa", 1)
         if group > 1 and problem.heads_q != group * problem.heads_kv:
             return (

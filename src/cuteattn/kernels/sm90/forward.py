@@ -54,7 +54,11 @@ from cuteattn.kernels.common.epilogue import store_lse
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
-from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
+from cuteattn.kernels.common.softmax import (
+    OnlineSoftmax,
+    rescale_rows,
+    rescale_rows_where_needed,
+)
 from cuteattn.kernels.common.tile_scheduler import (
     LinearTileCounts,
     LinearTileScheduler,
@@ -62,9 +66,16 @@ from cuteattn.kernels.common.tile_scheduler import (
     make_linear_tile_counts,
 )
 from cuteattn.kernels.sm90 import tiling
-from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, NamedBarrier, gemm
+from cuteattn.kernels.sm90.warpgroup import (
+    THREADS_PER_WARPGROUP,
+    NamedBarrier,
+    gemm,
+    tma_pipeline,
+)
 
 LOG2_E = math.log2(math.e)
+# Lazy O rescale: a row's max may lag by 2^8 (P <= 256, exact in fp16 / bf16 range).
+RESCALE_THRESHOLD = 8.0
 
 
 def _smem_layout(dtype, rows: int, cols: int, stages: int | None = None):
@@ -81,6 +92,13 @@ def _transposed(tensor: cute.Tensor) -> cute.Tensor:
     shape = (tensor.shape[1], tensor.shape[0], *tensor.shape[2:])
     order = (1, 0, *range(2, cute.rank(tensor)))
     return cute.composition(tensor, cute.make_ordered_layout(shape, order=order))
+
+
+def wait_stage(stage_pipeline: pipeline.PipelineAsync, state: pipeline.PipelineState):
+    """Wait until ``state``'s stage is full: one try_wait first, the blocking wait only if the
+    stage is not ready. (A bare consumer_wait is a try_wait loop with a 10 ms suspend hint
+    inline in the main loop: NANOSLEEP.SYNCS on every retry.)"""
+    stage_pipeline.consumer_wait(state, stage_pipeline.consumer_try_wait(state))
 
 
 def _permuted(tensor: cute.Tensor, modes: list[int]) -> cute.Tensor:
@@ -355,19 +373,7 @@ class FlashForwardSm90:
             )
 
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
-        """A ring of ``num_stages`` buffers that the producer warp fills by TMA (``tile_bytes``
-        per stage) and the consumer warps release, one arrive per warp (PipelineTmaAsync
-        elects a lane). Barrier init is fenced once for all rings (pipeline_init_*)."""
-        return pipeline.PipelineTmaAsync.create(
-            barrier_storage=barriers,
-            num_stages=num_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.num_consumer_threads // 32
-            ),
-            tx_count=tile_bytes,
-            defer_sync=True,
-        )
+        return tma_pipeline(barriers, num_stages, tile_bytes, self.num_consumer_threads)
 
     # ---- Producer: TMA loads ------------------------------------------------------------------
 
@@ -593,11 +599,11 @@ class FlashForwardSm90:
             causal_start = block_info.n_block_causal_start(seqlen, m_block)
             num_causal_tiles = cutlass.max(n_block_max - 1 - causal_start, 0)
         num_unmasked_tiles = cutlass.max(n_block_max - 1 - num_causal_tiles, 0)
-        softmax = OnlineSoftmax(scale_log2, num_rows)
+        softmax = OnlineSoftmax(scale_log2, num_rows, rescale_threshold=RESCALE_THRESHOLD)
         acc_O.fill(0.0)
         pending_scale.fill(1.0)
         if n_block_max > 0:
-            pipeline_q.consumer_wait(q_state)
+            wait_stage(pipeline_q, q_state)
             kv_state = self.first_tile(
                 loop, kv_state, n_block_max - 1, m_block=m_block, softmax=softmax
             )
@@ -708,7 +714,7 @@ class FlashForwardSm90:
         """The last visible key tile: seqlen (and causal) mask, the softmax initialised."""
         # Outside the ping-pong: this GEMM waits for itself, and ptxas would sink the arrive
         # past the whole softmax below, holding the other warpgroup back once per work tile.
-        loop.pipeline_k.consumer_wait(kv_state)
+        wait_stage(loop.pipeline_k, kv_state)
         acc_S = self.qk_gemm(
             loop.tiled_mma_qk, loop.tSrQ, loop.tSrK, kv_state.index, wait_groups=0
         )
@@ -735,12 +741,12 @@ class FlashForwardSm90:
         pipeline_k, pipeline_v, wg_idx = loop.pipeline_k, loop.pipeline_v, loop.wg_idx
         v_state = kv_state.clone()
         kv_state.advance()
-        pipeline_k.consumer_wait(kv_state)
+        wait_stage(pipeline_k, kv_state)
         self.scheduler_sync(wg_idx)
         acc_S = self.qk_gemm(tiled_mma_qk, tSrQ, tSrK, kv_state.index, wait_groups=-1)
         if cutlass.const_expr(self.rescale_o_before_pv):
-            rescale_rows(acc_O, pending_scale)
-        pipeline_v.consumer_wait(v_state)
+            rescale_rows_where_needed(acc_O, pending_scale)
+        wait_stage(pipeline_v, v_state)
         gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
              zero_init=False, wait_groups=-1)
         self.scheduler_arrive(wg_idx)
@@ -756,7 +762,7 @@ class FlashForwardSm90:
         if cutlass.const_expr(self.rescale_o_before_pv):
             pending_scale.store(row_scale.load())
         else:
-            rescale_rows(acc_O, row_scale)
+            rescale_rows_where_needed(acc_O, row_scale)
         return kv_state
 
     @cute.jit
@@ -765,8 +771,8 @@ class FlashForwardSm90:
         tiled_mma_pv, tOrVt, tOrP = loop.tiled_mma_pv, loop.tOrVt, loop.tOrP
         acc_O, pending_scale, pipeline_v = loop.acc_O, loop.pending_scale, loop.pipeline_v
         if cutlass.const_expr(self.rescale_o_before_pv):
-            rescale_rows(acc_O, pending_scale)
-        pipeline_v.consumer_wait(kv_state)
+            rescale_rows_where_needed(acc_O, pending_scale)
+        wait_stage(pipeline_v, kv_state)
         gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
              zero_init=False, wait_groups=0)
         pipeline_v.consumer_release(kv_state)

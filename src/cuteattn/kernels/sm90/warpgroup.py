@@ -9,6 +9,7 @@ import enum
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import warpgroup
 
 THREADS_PER_WARPGROUP = 128
@@ -21,6 +22,21 @@ class NamedBarrier(enum.IntEnum):
     # Ping-pong: consumer warpgroup i waits on SCHEDULER_WG0 + i before issuing its GEMMs
     # and signals the next warpgroup's barrier once they are issued.
     SCHEDULER_WG0 = 2
+
+
+def tma_pipeline(barriers: cute.Pointer, num_stages: int, tile_bytes: int, consumer_threads: int):
+    """A ring of ``num_stages`` shared-memory buffers that one producer thread fills by TMA
+    (``tile_bytes`` per stage) and every consumer warp releases (PipelineTmaAsync elects a
+    lane). Barrier init is left to one fence for all rings (``pipeline_init_arrive`` /
+    ``pipeline_init_wait``)."""
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=barriers,
+        num_stages=num_stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_threads // 32),
+        tx_count=tile_bytes,
+        defer_sync=True,
+    )
 
 
 @cute.jit

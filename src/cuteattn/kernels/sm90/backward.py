@@ -1,0 +1,477 @@
+"""Attention backward for the Hopper family: TMA + WGMMA + warp specialisation (sm_90a).
+
+Same inputs and outputs as the sm80 backward (``kernels/sm80/backward.py``): q, dout, k, v in
+flash-attn layouts; lse_log2 and dpsum from ``kernels/bwd_preprocess.py``, and the fp32 dq
+accumulator, padded to whole query tiles; dk, dv written; softmax_scale * dS K added to dq_accum.
+
+One CTA owns one key tile (tile_n = 128 keys) of one KV head and visits every query tile of
+every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgroups:
+  - warpgroup 0, the producer: one warp TMA-loads K and V once, then Q and dO of each
+    (query head, m_block) step into two-stage rings (mbarrier pipelines).
+  - warpgroups 1 and 2, the consumers: each owns 64 of the tile's keys, with its dK and dV
+    rows in registers. Per step, keys along M ("swapped" GEMMs, as FlashAttention-3):
+      1. S^T = K Q^T and dP^T = V dO^T (WGMMA, operands in shared memory);
+      2. mask (keys past seqlen_k, the causal diagonal), P^T = exp2(S^T * scale_log2 - lse),
+         dS^T = P^T (dP^T - dpsum), lse and dpsum read per query column;
+      3. dV += P^T dO and dK += dS^T Q with P^T, dS^T as register A operands (their
+         accumulator layout is WGMMA's A layout), dO and Q read MN-major from shared memory;
+      4. dS^T to shared memory (stmatrix, before the dV / dK GEMMs read the same registers);
+         dQ = dS K (A = dS, B = K^T, both MN-major from shared memory), added to dq_accum with
+         fp32 atomics. d128: the two warpgroups split dQ's columns (64 each, one swizzle atom),
+         meeting on 256-thread barriers, one add per element; d64 / d96, whose half is not a
+         whole swizzle atom: each warpgroup computes its own keys' share of every column, two
+         adds per element.
+    Then dK *= softmax_scale; dK and dV go to global memory from registers, rows past seqlen_k
+    skipped.
+
+Constraints: fp16/bf16; head_dim 64, 96, 128 (larger ones use the sm80 backward for now);
+tile_m 64, tile_n 128 (two consumer warpgroups), Q / dO stages 2.
+
+NOT YET RUN ON A GPU (written and compiled on a CPU): the next session tests it.
+"""
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as hopper
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from cuteattn.kernels.common.compile_args import check_same_dtype
+from cuteattn.kernels.common.convert import convert_packed
+from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
+from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.sm90.forward import _permuted, _smem_layout, _transposed
+from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
+
+LOG2_E = math.log2(math.e)
+KEYS_PER_WARPGROUP = 64
+NUM_CONSUMER_WGS = 2
+# Named barriers (0 is __syncthreads): dS^T written / read. Split by keys, each consumer
+# warpgroup wg has its own pair (DS_READY + 2 wg, DS_FREE + 2 wg, 128 threads); split by dim,
+# both warpgroups share DS_READY / DS_FREE (256 threads).
+DS_READY = 1
+DS_FREE = 2
+# The dim that one warpgroup's half of dQ spans must be whole 128-byte swizzle atoms.
+DQ_SPLIT_DIM_ALIGN = 128
+
+
+class FlashBackwardSm90:
+    def __init__(
+        self,
+        *,
+        dtype: type[cutlass.Numeric],
+        head_dim: int,
+        tile_m: int,
+        tile_n: int,
+        num_stages: int,
+        causal: bool,
+        deterministic: bool = False,
+    ):
+        if deterministic:
+            raise NotImplementedError("the deterministic sm90 backward is not written yet")
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.num_stages = num_stages
+        self.causal = causal
+        self.num_consumer_threads = NUM_CONSUMER_WGS * THREADS_PER_WARPGROUP
+        self.num_threads = (1 + NUM_CONSUMER_WGS) * THREADS_PER_WARPGROUP
+        self.consumer_regs, self.producer_regs = 240, 24
+        # d128's per-warpgroup dQ share (64 x 128 fp32) would leave ptxas too few registers to
+        # keep WGMMAs in flight (C7512: every WGMMA serialised): split dQ's columns instead.
+        half_dim_bytes = head_dim // NUM_CONSUMER_WGS * dtype.width // 8
+        self.dq_split_dim = half_dim_bytes % DQ_SPLIT_DIM_ALIGN == 0
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mV: cute.Tensor,
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
+        mLSE: cute.Tensor,  # (batch, heads_q, rows) fp32, log2 units
+        mDpsum: cute.Tensor,  # (batch, heads_q, rows) fp32
+        mdQaccum: cute.Tensor,  # (batch, heads_q, rows, dim) fp32
+        mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mdV: cute.Tensor,
+        mSemaphore: cute.Tensor | None,  # deterministic only (not supported yet): None
+        softmax_scale: Float32,
+        stream,
+    ):
+        check_same_dtype(q=mQ, k=mK, v=mV, dout=mdO, dk=mdK, dv=mdV)
+        # Batch, heads and lengths of the flash-attn views, before the TMA views permute them.
+        num_batches, num_heads_kv, num_key_tiles = (
+            mK.shape[0], mK.shape[2], cute.ceil_div(mK.shape[1], self.tile_n)
+        )
+        # TMA boxes tile the first two modes: (seqlen, dim, heads, batch).
+        tQ, tK, tV, tdO = (_permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO))
+
+        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
+        sKV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
+        # dS^T: (keys, queries), queries contiguous; read as dS (queries x keys), MN-major.
+        sdSt_layout = _smem_layout(self.dtype, self.tile_n, self.tile_m)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdSt: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sdSt_layout)], 1024
+            ]
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        q_stage_layout = cute.select(sQ_layout, mode=[0, 1])
+        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
+            tma_load, tQ, q_stage_layout, (self.tile_m, self.head_dim), 1
+        )
+        tma_atom_do, tma_do = cpasync.make_tiled_tma_atom(
+            tma_load, tdO, q_stage_layout, (self.tile_m, self.head_dim), 1
+        )
+        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(
+            tma_load, tK, sKV_layout, (self.tile_n, self.head_dim)
+        )
+        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(
+            tma_load, tV, sKV_layout, (self.tile_n, self.head_dim)
+        )
+        q_tile_bytes = cute.size_in_bytes(self.dtype, q_stage_layout)
+        kv_tile_bytes = cute.size_in_bytes(self.dtype, sKV_layout)
+
+        k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        # S^T = K Q^T, dP^T = V dO^T: (keys, queries), one warpgroup per 64 keys.
+        tiled_mma_sdp = hopper.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, k_major, Float32,
+            atom_layout_mnk=(NUM_CONSUMER_WGS, 1, 1), tiler_mn=(64, self.tile_m),
+        )
+        # dV += P^T dO, dK += dS^T Q: (keys, dim), A from registers, B MN-major.
+        tiled_mma_dkv = hopper.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, mn_major, Float32,
+            atom_layout_mnk=(NUM_CONSUMER_WGS, 1, 1), tiler_mn=(64, self.head_dim),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+        # dQ = dS K, A = dS and B = K^T both MN-major: the warpgroups split dim (k over all
+        # keys), or each takes its own keys' share of (queries, dim) (k over 64 keys).
+        tiled_mma_dq = hopper.make_trivial_tiled_mma(
+            self.dtype, self.dtype, mn_major, mn_major, Float32,
+            atom_layout_mnk=(1, NUM_CONSUMER_WGS if self.dq_split_dim else 1, 1),
+            tiler_mn=(64, self.head_dim // NUM_CONSUMER_WGS if self.dq_split_dim else self.head_dim),
+        )
+
+        self.kernel(
+            mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV,
+            tma_q, tma_k, tma_v, tma_do, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
+            softmax_scale * LOG2_E, softmax_scale,
+            sQ_layout, sKV_layout, sdSt_layout,
+            tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+            q_tile_bytes, kv_tile_bytes, SharedStorage,
+        ).launch(
+            grid=(num_key_tiles, num_heads_kv, num_batches),
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,  # flash-attn views: lengths and heads
+        mK: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDpsum: cute.Tensor,
+        mdQaccum: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        tQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch)
+        tK: cute.Tensor,
+        tV: cute.Tensor,
+        tdO: cute.Tensor,
+        tma_atom_q: cute.CopyAtom,
+        tma_atom_k: cute.CopyAtom,
+        tma_atom_v: cute.CopyAtom,
+        tma_atom_do: cute.CopyAtom,
+        scale_log2: Float32,
+        softmax_scale: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        sdSt_layout: cute.ComposedLayout,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dkv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        q_tile_bytes: cutlass.Constexpr[int],
+        kv_tile_bytes: cutlass.Constexpr[int],
+        SharedStorage: cutlass.Constexpr,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        n_block, head_kv, batch = cute.arch.block_idx()
+        if warp_idx == 0:
+            for atom in (tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        pipeline_kv = self.tma_pipeline(storage.mbar_kv.data_ptr(), 1, 2 * kv_tile_bytes)
+        pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), self.num_stages, q_tile_bytes)
+        pipeline_do = self.tma_pipeline(
+            storage.mbar_do.data_ptr(), self.num_stages, q_tile_bytes
+        )
+        pipeline.pipeline_init_arrive()
+        pipeline.pipeline_init_wait()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sdSt = storage.sdSt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
+
+        seqlen = SeqlenInfo.fixed(mQ, mK)
+        group = mQ.shape[2] // mK.shape[2]
+        m_block_min = Int32(0)
+        if cutlass.const_expr(self.causal):
+            # Query row i sees key j iff j <= i + seqlen_k - seqlen_q: the first row that sees
+            # this key tile.
+            first_row = n_block * self.tile_n - seqlen.seqlen_k + seqlen.seqlen_q
+            m_block_min = cutlass.max(first_row, 0) // self.tile_m
+        num_m_blocks = cutlass.max(cute.ceil_div(seqlen.seqlen_q, self.tile_m) - m_block_min, 0)
+        steps = dict(
+            head_kv=head_kv, group=group, m_block_min=m_block_min, num_m_blocks=num_m_blocks
+        )
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.produce(
+                    tQ, tK, tV, tdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v,
+                    tma_atom_do, pipeline_kv, pipeline_q, pipeline_do, n_block, batch, steps,
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consume(
+                mLSE, mDpsum, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sdSt,
+                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q,
+                pipeline_do, scale_log2, softmax_scale, seqlen, n_block, batch, steps,
+            )
+
+    def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
+        return tma_pipeline(barriers, num_stages, tile_bytes, self.num_consumer_threads)
+
+    @staticmethod
+    def step_tile(step: Int32, *, head_kv, group, m_block_min, num_m_blocks):
+        """(query head, m_block) of loop step ``step``: the group's heads, then query tiles."""
+        return head_kv * group + step // num_m_blocks, m_block_min + step % num_m_blocks
+
+    # ---- Producer: TMA loads ------------------------------------------------------------------
+
+    @cute.jit
+    def produce(
+        self, tQ, tK, tV, tdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
+        pipeline_kv, pipeline_q, pipeline_do, n_block: Int32, batch: Int32, steps: dict,
+    ):
+        """K and V of this key tile once, then Q and dO of each step in the consumers' order."""
+        tile_kv = (self.tile_n, self.head_dim)
+        tile_q = (self.tile_m, self.head_dim)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        gK = cute.local_tile(tK[None, None, steps["head_kv"], batch], tile_kv, (n_block, 0))
+        gV = cute.local_tile(tV[None, None, steps["head_kv"], batch], tile_kv, (n_block, 0))
+        pipeline_kv.producer_acquire(kv_state)
+        for atom, smem, gmem in ((tma_atom_k, sK, gK), (tma_atom_v, sV, gV)):
+            kv_smem, kv_gmem = cpasync.tma_partition(
+                atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                cute.group_modes(gmem, 0, 2),
+            )
+            cute.copy(
+                atom, kv_gmem, kv_smem, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state)
+            )
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
+            head, m_block = self.step_tile(step, **steps)
+            for atom, smem, tensor, ring in (
+                (tma_atom_q, sQ, tQ, pipeline_q), (tma_atom_do, sdO, tdO, pipeline_do)
+            ):
+                gX = cute.local_tile(tensor[None, None, head, batch], tile_q, (m_block, 0))
+                t_smem, t_gmem = cpasync.tma_partition(
+                    atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                    cute.group_modes(gX, 0, 2),
+                )
+                ring.producer_acquire(state)
+                cute.copy(
+                    atom, t_gmem, t_smem[None, state.index],
+                    tma_bar_ptr=ring.producer_get_barrier(state),
+                )
+            state.advance()
+
+    # ---- Consumers ----------------------------------------------------------------------------
+
+    @cute.jit
+    def consume(
+        self, mLSE, mDpsum, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sdSt,
+        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q, pipeline_do,
+        scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
+        batch: Int32, steps: dict,
+    ):
+        tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        wg_tidx = tidx % THREADS_PER_WARPGROUP
+        thr_sdp = tiled_mma_sdp.get_slice(tidx)
+        # Shared-memory operands are partitioned per warpgroup (WGMMA reads them as a whole).
+        wg_sdp = tiled_mma_sdp.get_slice(wg_idx * THREADS_PER_WARPGROUP)
+        wg_dkv = tiled_mma_dkv.get_slice(wg_idx * THREADS_PER_WARPGROUP)
+        thr_dkv = tiled_mma_dkv.get_slice(tidx)
+        if cutlass.const_expr(self.dq_split_dim):
+            thr_dq = tiled_mma_dq.get_slice(tidx)
+            wg_dq = tiled_mma_dq.get_slice(wg_idx * THREADS_PER_WARPGROUP)
+            ds_threads, ds_ready, ds_free = self.num_consumer_threads, DS_READY, DS_FREE
+        else:
+            thr_dq = tiled_mma_dq.get_slice(wg_tidx)
+            wg_dq = tiled_mma_dq.get_slice(0)
+            ds_threads = THREADS_PER_WARPGROUP
+            ds_ready, ds_free = DS_READY + 2 * wg_idx, DS_FREE + 2 * wg_idx
+        tile_st = (self.tile_n, self.tile_m)  # S^T: keys x queries
+        tile_kv = (self.tile_n, self.head_dim)
+        wg_keys = (KEYS_PER_WARPGROUP, self.head_dim)
+        dq_tile = (self.tile_m, self.head_dim)
+
+        tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        # dV += P^T dO, dK += dS^T Q: B = dO^T / Q^T, (dim, queries) MN-major views.
+        tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(_transposed(sdO)))
+        tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(_transposed(sQ)))
+        tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((self.tile_n, self.tile_m)))
+        tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((self.tile_n, self.tile_m)))
+        if cutlass.const_expr(self.dq_split_dim):
+            # A = dS (queries x all keys), B = K^T (dim x all keys); the MMA splits dim.
+            sdSt_dq, sK_dq = sdSt, sK
+        else:
+            # A = dS[:, this warpgroup's keys] (queries x 64), B = K[its keys]^T.
+            sdSt_dq = cute.local_tile(sdSt, (KEYS_PER_WARPGROUP, self.tile_m), (wg_idx, 0))
+            sK_dq = cute.local_tile(sK, wg_keys, (wg_idx, 0))
+        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(_transposed(sdSt_dq)))
+        tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(_transposed(sK_dq)))
+
+        acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
+        acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+        st_coords = tile_coords(thr_sdp, tile_st)
+        stmatrix = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        store_dst = cute.make_tiled_copy_C(stmatrix, tiled_mma_sdp).get_slice(tidx)
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipeline_kv.consumer_wait(kv_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
+            head, m_block = self.step_tile(step, **steps)
+            # Per-query lse and dpsum for this thread's columns, read before the GEMMs.
+            gLSE = cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,))
+            gDpsum = cute.local_tile(mDpsum[batch, head, None], (self.tile_m,), (m_block,))
+            num_cols = cute.size(st_coords, mode=[1])
+            col_lse = cute.make_rmem_tensor(num_cols, Float32)
+            col_dpsum = cute.make_rmem_tensor(num_cols, Float32)
+            for c in cutlass.range_constexpr(num_cols):
+                col_lse[c] = gLSE[st_coords[0, c][1]]
+                col_dpsum[c] = gDpsum[st_coords[0, c][1]]
+
+            # 1. S^T = K Q^T, dP^T = V dO^T
+            pipeline_q.consumer_wait(state, pipeline_q.consumer_try_wait(state))
+            acc_St = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
+            gemm(tiled_mma_sdp, acc_St, tSrK, tSrQ[None, None, None, state.index],
+                 zero_init=True, wait_groups=-1)
+            pipeline_do.consumer_wait(state, pipeline_do.consumer_try_wait(state))
+            acc_dPt = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
+            gemm(tiled_mma_sdp, acc_dPt, tdPrV, tdPrdO[None, None, None, state.index],
+                 zero_init=True, wait_groups=1)
+
+            # 2. mask, P^T from the forward's lse, dS^T = P^T (dP^T - dpsum)
+            self.mask_keys_major(acc_St, st_coords, n_block, m_block, seqlen)
+            scores = acc_as_rows_cols(acc_St)
+            for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
+                for c in cutlass.range_constexpr(num_cols):
+                    scores[r, c] = cute.math.exp2(
+                        scores[r, c] * scale_log2 - col_lse[c], fastmath=True
+                    )
+            convert_packed(acc_St, tdVrPt)
+            warpgroup.wait_group(0)
+            dscores = acc_as_rows_cols(acc_dPt)
+            for r in cutlass.range_constexpr(cute.size(dscores, mode=[0])):
+                for c in cutlass.range_constexpr(num_cols):
+                    dscores[r, c] = scores[r, c] * (dscores[r, c] - col_dpsum[c])
+            convert_packed(acc_dPt, tdKrdSt)
+            # 4a. dS^T to shared memory now: once the dK GEMM below is issued, its A registers
+            # may not be read until it completes.
+            cute.copy(stmatrix, store_dst.retile(as_accumulator(tdKrdSt, acc_dPt)),
+                      store_dst.partition_D(sdSt))
+
+            # 3. dV += P^T dO, dK += dS^T Q (register A operands)
+            gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
+                 zero_init=False, wait_groups=-1)
+            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
+                 zero_init=False, wait_groups=-1)
+
+            # 4b. dQ = dS K once dS^T is complete in shared memory. Generic-proxy writes must
+            # be visible to WGMMA (async proxy) before it reads them.
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=ds_ready, number_of_threads=ds_threads)
+            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(dq_tile), Float32)
+            gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrK, zero_init=True, wait_groups=0)
+            # dV, dK (issued before dQ) are done too: Q and dO of this stage are free.
+            pipeline_q.consumer_release(state)
+            pipeline_do.consumer_release(state)
+            # Every reader is past the dQ GEMM before the next step overwrites dS^T.
+            cute.arch.barrier(barrier_id=ds_free, number_of_threads=ds_threads)
+            gdQ = cute.local_tile(mdQaccum[batch, head, None, None], dq_tile, (m_block, 0))
+            tdQgdQ = thr_dq.partition_C(gdQ)
+            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                cute.arch.atomic_add(
+                    tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i] * softmax_scale
+                )
+            state.advance()
+
+        # ---- Epilogue: dK, dV from registers, rows past seqlen_k skipped ------------------------
+        for i in cutlass.range_constexpr(cute.size(acc_dK)):
+            acc_dK[i] = acc_dK[i] * softmax_scale
+        kv_coords = tile_coords(thr_dkv, tile_kv)
+        keys_left = seqlen.seqlen_k - n_block * self.tile_n
+        for acc, mgrad in ((acc_dK, mdK), (acc_dV, mdV)):
+            gX = cute.local_tile(mgrad[batch, None, steps["head_kv"], None], tile_kv, (n_block, 0))
+            values = acc_as_rows_cols(acc)
+            for r in cutlass.range_constexpr(cute.size(values, mode=[0])):
+                row = kv_coords[r, 0][0]
+                if row < keys_left:
+                    for c in cutlass.range_constexpr(cute.size(values, mode=[1])):
+                        gX[row, kv_coords[r, c][1]] = values[r, c].to(self.dtype)
+
+    @cute.jit
+    def mask_keys_major(self, acc_St, st_coords, n_block: Int32, m_block: Int32, seqlen):
+        """-inf where key j (row) is past seqlen_k or, causal, above query i's (column)
+        diagonal: j > i + seqlen_k - seqlen_q."""
+        scores = acc_as_rows_cols(acc_St)
+        first_key = n_block * self.tile_n
+        first_query = m_block * self.tile_m
+        for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
+            key = first_key + st_coords[r, 0][0]
+            for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
+                hidden = key >= seqlen.seqlen_k
+                if cutlass.const_expr(self.causal):
+                    query = first_query + st_coords[r, c][1]
+                    hidden = hidden | (key > query + seqlen.seqlen_k - seqlen.seqlen_q)
+                scores[r, c] = -Float32.inf if hidden else scores[r, c]
+
+
+def as_accumulator(operand_a: cute.Tensor, acc: cute.Tensor) -> cute.Tensor:
+    """A 16-bit register A operand of an m64nNk16 WGMMA seen in the layout of the m64nN
+    accumulator it was converted from (the layouts share the thread -> element mapping and
+    the register order), for stmatrix."""
+    return cute.make_tensor(operand_a.iterator, acc.layout)
