@@ -182,8 +182,8 @@ def launch_backward(
 
     Three launches: the preprocess kernel (``kernels/bwd_preprocess.py``: rowsum(dout * out)
     and lse in log2 units, +inf where the forward saw no key so those probabilities are 0,
-    both padded to whole query tiles), the plan's kernel (dk, dv; dq accumulated in fp32 with
-    softmax_scale folded in), and the cast of the accumulator to dq (a PyTorch copy).
+    both padded to whole query tiles), the plan's kernel (dk, dv; dS K accumulated in fp32),
+    and the postprocess dq = softmax_scale * accumulator in dq's dtype (one PyTorch op).
     """
     with torch.cuda.device(q.device):
         batch, seqlen_q, heads_q, dim = q.shape
@@ -193,7 +193,9 @@ def launch_backward(
         lse_log2 = torch.empty(batch, heads_q, rows, **f32)
         preprocess = compile_backward_preprocess(plan.arch, plan.dtype, dim)
         preprocess(validate.kernel_ready(out), dout, lse.contiguous(), lse_log2, dpsum)
-        dq_accum = torch.zeros(batch, heads_q, rows, dim, **f32)
+        chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
+        chunk_dim = dim // chunks
+        dq_accum = torch.zeros(batch, heads_q, chunks, rows, chunk_dim + row_pad, **f32)
         if dk is None:
             dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         if dv is None:
@@ -208,7 +210,9 @@ def launch_backward(
         kernel(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, softmax_scale)
         if dq is None:
             dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dq.copy_(dq_accum[:, :, :seqlen_q].transpose(1, 2))
+        # (batch, seqlen_q, heads_q, chunks, chunk_dim) views of both: one strided pass.
+        accumulated = dq_accum[:, :, :, :seqlen_q, :chunk_dim].permute(0, 3, 1, 2, 4)
+        torch.mul(accumulated, softmax_scale, out=dq.unflatten(-1, (chunks, chunk_dim)))
     return dq, dk, dv
 
 

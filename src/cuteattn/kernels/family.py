@@ -86,7 +86,13 @@ class KernelFamily(abc.ABC):
         deterministic)."""
         from cuteattn.kernels.common.compile_args import fake_backward_args
 
-        return fake_backward_args(plan)
+        return fake_backward_args(plan, self.dq_accum_chunks(plan))
+
+    def dq_accum_chunks(self, plan: KernelPlan) -> tuple[int, int]:
+        """(chunks, row_pad) of a backward plan's fp32 dq accumulator, laid out (batch,
+        heads_q, chunks, rows, head_dim / chunks + row_pad): column chunks one after the other,
+        rows padded by row_pad floats (the default, (1, 0), is plain (rows, head_dim))."""
+        return 1, 0
 
     def choose(self, problem: Problem) -> KernelPlan | None:
         """The first candidate that ``can_implement`` on the problem's arch, or None."""

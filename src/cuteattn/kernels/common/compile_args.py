@@ -47,10 +47,12 @@ def fake_forward_args(plan: KernelPlan) -> tuple:
     return q, k, v, out, lse
 
 
-def fake_backward_args(plan: KernelPlan) -> tuple:
+def fake_backward_args(plan: KernelPlan, dq_chunks: tuple[int, int] = (1, 0)) -> tuple:
     """(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore): inputs and gradients in
     the flash-attn layout, the preprocess's fp32 per-row buffers, rows padded (a symbolic
-    count) so whole query tiles stay in bounds, and for a deterministic plan the int32
+    count) so whole query tiles stay in bounds, dq_accum as (batch, heads_q, chunks, rows,
+    head_dim / chunks + row_pad) for ``dq_chunks`` = (chunks, row_pad), and for a
+    deterministic plan the int32
     (batch, heads_q, m_blocks) turn counters (else None)."""
     n = _fake_sizes()
     rows = cute.sym_int()
@@ -61,7 +63,10 @@ def fake_backward_args(plan: KernelPlan) -> tuple:
     )
     lse_log2 = _fake_fp32(n["batch"], n["heads_q"], rows, align=16)
     dpsum = _fake_fp32(n["batch"], n["heads_q"], rows, align=16)
-    dq_accum = _fake_fp32(n["batch"], n["heads_q"], rows, plan.head_dim, align=16)
+    chunks, row_pad = dq_chunks
+    dq_accum = _fake_fp32(
+        n["batch"], n["heads_q"], chunks, rows, plan.head_dim // chunks + row_pad, align=16
+    )
     semaphore = None
     if plan.option("deterministic", False):
         semaphore = make_fake_tensor(

@@ -4,8 +4,8 @@ Inputs (flash-attn layouts): q, dout (batch, seqlen_q, heads_q, dim); k, v (batc
 heads_kv, dim); from the preprocess (``cuteattn.kernels.bwd_prep``), per query row padded to a
 multiple of tile_m: lse_log2 = lse * log2(e) (+inf where the forward saw no key, and on the
 padding rows) and dpsum = rowsum(dout * out), both (batch, heads_q, seqlen_q_padded) fp32;
-dq_accum (batch, heads_q, seqlen_q_padded, dim) fp32, zeroed. Outputs: dk, dv in k's layout;
-softmax_scale * dS K added to dq_accum (the postprocess casts it).
+dq_accum (batch, heads_q, 1, seqlen_q_padded, dim) fp32, zeroed. Outputs: dk, dv in k's layout;
+dS K added to dq_accum (the postprocess scales and casts it).
 
 One CTA owns one key tile (tile_n keys) of one KV head: it keeps dK and dV of the tile in
 registers and visits every query tile of every query head that shares the KV head (GQA / MQA
@@ -125,7 +125,7 @@ class FlashBackwardSm80:
         mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q_padded) fp32, log2 units
         mDpsum: cute.Tensor,  # (batch, heads_q, seqlen_q_padded) fp32
-        mdQaccum: cute.Tensor,  # (batch, heads_q, seqlen_q_padded, dim) fp32
+        mdQaccum: cute.Tensor,  # (batch, heads_q, 1, seqlen_q_padded, dim) fp32
         mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mdV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mSemaphore: cute.Tensor | None,  # deterministic: (batch, heads_q, m_blocks) int32, zeroed
@@ -367,18 +367,18 @@ class FlashBackwardSm80:
             gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, dot_stage, a_from_smem=pt_operand)
             gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
 
-            # 6. dQ += softmax_scale * dS K, in fp32 atomics
+            # 6. dQ += dS K, in fp32 atomics (softmax_scale is applied once, in the postprocess)
             acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
             acc_dQ.fill(0.0)
             gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
-            gdQ = cute.local_tile(mdQaccum[batch, head, None, None], tile_q, (m_block, 0))
+            gdQ = cute.local_tile(mdQaccum[batch, head, 0, None, None], tile_q, (m_block, 0))
             tdQgdQ = thr_dq.partition_C(gdQ)
             if cutlass.const_expr(self.deterministic):
                 turn = mSemaphore[batch, head, None].iterator + m_block
                 self.wait_for_turn(turn, n_block, tidx)
             for i in cutlass.range_constexpr(cute.size(acc_dQ)):
                 cute.arch.atomic_add(
-                    tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i] * softmax_scale
+                    tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i]
                 )
             if cutlass.const_expr(self.deterministic):
                 self.pass_turn(turn, n_block, tidx)

@@ -2,34 +2,43 @@
 
 Same inputs and outputs as the sm80 backward (``kernels/sm80/backward.py``): q, dout, k, v in
 flash-attn layouts; lse_log2 and dpsum from ``kernels/bwd_preprocess.py``, and the fp32 dq
-accumulator, padded to whole query tiles; dk, dv written; softmax_scale * dS K added to dq_accum.
+accumulator, padded to whole query tiles; dk, dv written; dS K added to dq_accum (the
+postprocess scales it).
 
 One CTA owns one key tile (tile_n = 128 keys) of one KV head and visits every query tile of
 every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgroups:
-  - warpgroup 0, the producer: one warp TMA-loads K and V once, then Q and dO of each
-    (query head, m_block) step into two-stage rings (mbarrier pipelines).
+  - warpgroup 0, the producer: warp 0 TMA-loads K and V once, then Q and dO of each
+    (query head, m_block) step into two-stage rings (mbarrier pipelines), the step's lse with
+    Q and its dpsum with dO (1-D bulk copies on the same barriers); warp 1 adds each
+    step's dQ from shared memory to dq_accum with one bulk reduction (cp.reduce.async.bulk) per
+    warpgroup share: L2 takes whole lines instead of one fp32 atomic per element, and the
+    consumers only wait for the buffer, never for global memory. dq_accum is laid out for it:
+    (batch, heads, chunks, rows, chunk dim + 8 floats), a chunk per warpgroup share of the
+    columns, so that each share of a query tile is one contiguous block (family.py
+    ``dq_accum_chunks``; the postprocess reads the padded view).
   - warpgroups 1 and 2, the consumers: each owns 64 of the tile's keys, with its dK and dV
     rows in registers. Per step, keys along M ("swapped" GEMMs, as FlashAttention-3):
       1. S^T = K Q^T and dP^T = V dO^T (WGMMA, operands in shared memory);
-      2. mask (keys past seqlen_k, the causal diagonal), P^T = exp2(S^T * scale_log2 - lse),
-         dS^T = P^T (dP^T - dpsum), lse and dpsum read per query column;
-      3. dV += P^T dO and dK += dS^T Q with P^T, dS^T as register A operands (their
-         accumulator layout is WGMMA's A layout), dO and Q read MN-major from shared memory;
-      4. dS^T to shared memory (stmatrix, before the dV / dK GEMMs read the same registers);
-         dQ = dS K (A = dS, B = K^T, both MN-major from shared memory), added to dq_accum with
-         fp32 atomics. d128: the two warpgroups split dQ's columns (64 each, one swizzle atom),
-         meeting on 256-thread barriers, one add per element; d64 / d96, whose half is not a
-         whole swizzle atom: each warpgroup computes its own keys' share of every column, two
-         adds per element.
+      2. mask (only tiles holding a key past seqlen_k or above the causal diagonal),
+         P^T = exp2(S^T * scale_log2 - lse) while dP^T is still running, dS^T = P^T (dP^T -
+         dpsum), lse and dpsum read from shared memory per query column;
+      3. dV += P^T dO (issued before the wait for dP^T) and dK += dS^T Q with P^T, dS^T as
+         register A operands (their accumulator layout is WGMMA's A layout), dO and Q read
+         MN-major from shared memory;
+      4. dS^T to shared memory (stmatrix, two buffers so the next step never waits for this
+         one's readers); dQ = dS K (A = dS, B = K^T, both MN-major from shared memory) to the
+         dQ buffer for warp 1. d128: the two warpgroups split dQ's columns (64 each, one
+         swizzle atom), meeting on a 256-thread barrier, one add per element; d64 / d96, whose
+         half is not a whole swizzle atom: each warpgroup computes its own keys' share of every
+         column into its own buffer, two adds per element.
     Then dK *= softmax_scale; dK and dV go to global memory from registers, rows past seqlen_k
     skipped.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128 (larger ones use the sm80 backward for now);
 tile_m 64, tile_n 128 (two consumer warpgroups), Q / dO stages 2.
-
-NOT YET RUN ON A GPU (written and compiled on a CPU): the next session tests it.
 """
 
+import enum
 import math
 
 import cutlass
@@ -38,24 +47,34 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as hopper
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.experimental import primitives as prims
 
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.sm90.family import backward_dq_chunks
 from cuteattn.kernels.sm90.forward import _permuted, _smem_layout, _transposed
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
 
 LOG2_E = math.log2(math.e)
 KEYS_PER_WARPGROUP = 64
 NUM_CONSUMER_WGS = 2
-# Named barriers (0 is __syncthreads): dS^T written / read. Split by keys, each consumer
-# warpgroup wg has its own pair (DS_READY + 2 wg, DS_FREE + 2 wg, 128 threads); split by dim,
-# both warpgroups share DS_READY / DS_FREE (256 threads).
-DS_READY = 1
-DS_FREE = 2
-# The dim that one warpgroup's half of dQ spans must be whole 128-byte swizzle atoms.
-DQ_SPLIT_DIM_ALIGN = 128
+DS_STAGES = 2
+DQ_WRITER_WARP = 1
+
+
+class BackwardBarrier(enum.IntEnum):
+    """Hardware barrier ids (0 is __syncthreads); the +wg ones come in one per consumer
+    warpgroup."""
+
+    # dS^T of this step is in shared memory: split by keys, per warpgroup (128 threads); split
+    # by dim, DS_READY alone (256 threads).
+    DS_READY = 1
+    # A warpgroup's dQ buffer: EMPTY once warp 1's bulk reductions have read it, FULL once the
+    # warpgroup has written it (128 + 32 threads).
+    DQ_EMPTY = 3
+    DQ_FULL = 5
 
 
 class FlashBackwardSm90:
@@ -83,8 +102,12 @@ class FlashBackwardSm90:
         self.consumer_regs, self.producer_regs = 240, 24
         # d128's per-warpgroup dQ share (64 x 128 fp32) would leave ptxas too few registers to
         # keep WGMMAs in flight (C7512: every WGMMA serialised): split dQ's columns instead.
-        half_dim_bytes = head_dim // NUM_CONSUMER_WGS * dtype.width // 8
-        self.dq_split_dim = half_dim_bytes % DQ_SPLIT_DIM_ALIGN == 0
+        # Each consumer warpgroup's share goes through a (tile_m, dq_chunk_cols) buffer with
+        # padded rows, as dq_accum's chunks are.
+        chunks, row_pad = backward_dq_chunks(head_dim)
+        self.dq_split_dim = chunks == NUM_CONSUMER_WGS
+        self.dq_chunk_cols = head_dim // chunks
+        self.dq_row = self.dq_chunk_cols + row_pad
 
     @cute.jit
     def __call__(
@@ -95,7 +118,7 @@ class FlashBackwardSm90:
         mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
         mLSE: cute.Tensor,  # (batch, heads_q, rows) fp32, log2 units
         mDpsum: cute.Tensor,  # (batch, heads_q, rows) fp32
-        mdQaccum: cute.Tensor,  # (batch, heads_q, rows, dim) fp32
+        mdQaccum: cute.Tensor,  # (batch, heads_q, chunks, rows, chunk dim + pad) fp32
         mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mdV: cute.Tensor,
         mSemaphore: cute.Tensor | None,  # deterministic only (not supported yet): None
@@ -113,7 +136,15 @@ class FlashBackwardSm90:
         sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
         sKV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
         # dS^T: (keys, queries), queries contiguous; read as dS (queries x keys), MN-major.
-        sdSt_layout = _smem_layout(self.dtype, self.tile_n, self.tile_m)
+        sdSt_layout = _smem_layout(self.dtype, self.tile_n, self.tile_m, DS_STAGES)
+        # lse and dpsum of a step's queries, one per Q / dO stage.
+        sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
+        # (tile_m, (chunk cols, warpgroup)): split by dim, the two buffers side by side are the
+        # (tile_m, head_dim) tile of dQ.
+        sdQ_layout = cute.make_layout(
+            (self.tile_m, (self.dq_chunk_cols, NUM_CONSUMER_WGS)),
+            stride=(self.dq_row, (1, self.tile_m * self.dq_row)),
+        )
 
         @cute.struct
         class SharedStorage:
@@ -126,6 +157,13 @@ class FlashBackwardSm90:
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdSt: cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(sdSt_layout)], 1024
+            ]
+            sdQ: cute.struct.Align[
+                cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024
+            ]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
+            sDpsum: cute.struct.Align[
+                cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16
             ]
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
@@ -142,7 +180,8 @@ class FlashBackwardSm90:
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(
             tma_load, tV, sKV_layout, (self.tile_n, self.head_dim)
         )
-        q_tile_bytes = cute.size_in_bytes(self.dtype, q_stage_layout)
+        # Q with its lse, dO with its dpsum.
+        q_tile_bytes = cute.size_in_bytes(self.dtype, q_stage_layout) + self.tile_m * 4
         kv_tile_bytes = cute.size_in_bytes(self.dtype, sKV_layout)
 
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
@@ -169,7 +208,7 @@ class FlashBackwardSm90:
             mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV,
             tma_q, tma_k, tma_v, tma_do, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
             softmax_scale * LOG2_E, softmax_scale,
-            sQ_layout, sKV_layout, sdSt_layout,
+            sQ_layout, sKV_layout, sdSt_layout, sdQ_layout, sRow_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             q_tile_bytes, kv_tile_bytes, SharedStorage,
         ).launch(
@@ -204,6 +243,8 @@ class FlashBackwardSm90:
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
         sdSt_layout: cute.ComposedLayout,
+        sdQ_layout: cute.Layout,
+        sRow_layout: cute.Layout,
         tiled_mma_sdp: cute.TiledMma,
         tiled_mma_dkv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
@@ -231,6 +272,9 @@ class FlashBackwardSm90:
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sdSt = storage.sdSt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout)
+        sLSE = storage.sLSE.get_tensor(sRow_layout)
+        sDpsum = storage.sDpsum.get_tensor(sRow_layout)
 
         seqlen = SeqlenInfo.fixed(mQ, mK)
         group = mQ.shape[2] // mK.shape[2]
@@ -249,13 +293,15 @@ class FlashBackwardSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.produce(
-                    tQ, tK, tV, tdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v,
+                    tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q, tma_atom_k, tma_atom_v,
                     tma_atom_do, pipeline_kv, pipeline_q, pipeline_do, n_block, batch, steps,
                 )
+            elif warp_idx == DQ_WRITER_WARP:
+                self.add_dq(mdQaccum, sdQ, batch, steps)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(
-                mLSE, mDpsum, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sdSt,
+                mdK, mdV, sQ, sK, sV, sdO, sdSt, sdQ, sLSE, sDpsum,
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q,
                 pipeline_do, scale_log2, softmax_scale, seqlen, n_block, batch, steps,
             )
@@ -272,10 +318,12 @@ class FlashBackwardSm90:
 
     @cute.jit
     def produce(
-        self, tQ, tK, tV, tdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
-        pipeline_kv, pipeline_q, pipeline_do, n_block: Int32, batch: Int32, steps: dict,
+        self, tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q,
+        tma_atom_k, tma_atom_v, tma_atom_do, pipeline_kv, pipeline_q, pipeline_do,
+        n_block: Int32, batch: Int32, steps: dict,
     ):
-        """K and V of this key tile once, then Q and dO of each step in the consumers' order."""
+        """K and V of this key tile once, then Q (+ lse) and dO (+ dpsum) of each step in the
+        consumers' order."""
         tile_kv = (self.tile_n, self.head_dim)
         tile_q = (self.tile_m, self.head_dim)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -294,8 +342,9 @@ class FlashBackwardSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
-            for atom, smem, tensor, ring in (
-                (tma_atom_q, sQ, tQ, pipeline_q), (tma_atom_do, sdO, tdO, pipeline_do)
+            for atom, smem, tensor, ring, mRow, sRow in (
+                (tma_atom_q, sQ, tQ, pipeline_q, mLSE, sLSE),
+                (tma_atom_do, sdO, tdO, pipeline_do, mDpsum, sDpsum),
             ):
                 gX = cute.local_tile(tensor[None, None, head, batch], tile_q, (m_block, 0))
                 t_smem, t_gmem = cpasync.tma_partition(
@@ -307,13 +356,53 @@ class FlashBackwardSm90:
                     atom, t_gmem, t_smem[None, state.index],
                     tma_bar_ptr=ring.producer_get_barrier(state),
                 )
+                # The per-row values live in buffers padded to whole query tiles.
+                gRow = cute.local_tile(mRow[batch, head, None], (self.tile_m,), (m_block,))
+                with cute.arch.elect_one():
+                    prims.cp_async_bulk_shared_cluster_global(
+                        sRow[None, state.index].iterator, gRow.iterator,
+                        ring.producer_get_barrier(state), self.tile_m * 4,
+                    )
             state.advance()
+
+    # ---- dQ writer: bulk reductions from shared memory ----------------------------------------
+
+    @cute.jit
+    def add_dq(self, mdQaccum: cute.Tensor, sdQ: cute.Tensor, batch: Int32, steps: dict):
+        """Per step and consumer warpgroup: hand its dQ buffer back once the previous reduction
+        has read it, wait until it is full, add it to its block of dq_accum."""
+        block = (self.tile_m, self.dq_row)
+        block_bytes = self.tile_m * self.dq_row * Float32.width // 8
+        for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
+            head, m_block = self.step_tile(step, **steps)
+            for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
+                # Bulk groups complete in order: this warpgroup's last group is done reading
+                # once at most the later warpgroups' groups are in flight.
+                cute.arch.cp_async_bulk_wait_group(NUM_CONSUMER_WGS - 1 - wg, read=True)
+                cute.arch.barrier_arrive(
+                    barrier_id=BackwardBarrier.DQ_EMPTY + wg,
+                    number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
+                )
+            for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
+                chunk = wg if cutlass.const_expr(self.dq_split_dim) else 0
+                gdQ = cute.local_tile(mdQaccum[batch, head, chunk, None, None], block, (m_block, 0))
+                cute.arch.barrier(
+                    barrier_id=BackwardBarrier.DQ_FULL + wg,
+                    number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
+                )
+                with cute.arch.elect_one():
+                    prims.cp_reduce_async_bulk_global_shared_cta(
+                        gdQ.iterator, sdQ[None, (None, wg)].iterator, block_bytes,
+                        op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
+                    )
+                cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---- Consumers ----------------------------------------------------------------------------
 
     @cute.jit
     def consume(
-        self, mLSE, mDpsum, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sdSt,
+        self, mdK, mdV, sQ, sK, sV, sdO, sdSt, sdQ, sLSE, sDpsum,
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q, pipeline_do,
         scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
         batch: Int32, steps: dict,
@@ -329,15 +418,15 @@ class FlashBackwardSm90:
         if cutlass.const_expr(self.dq_split_dim):
             thr_dq = tiled_mma_dq.get_slice(tidx)
             wg_dq = tiled_mma_dq.get_slice(wg_idx * THREADS_PER_WARPGROUP)
-            ds_threads, ds_ready, ds_free = self.num_consumer_threads, DS_READY, DS_FREE
+            ds_threads, ds_ready = self.num_consumer_threads, BackwardBarrier.DS_READY
+            sdQ_mine = sdQ
         else:
             thr_dq = tiled_mma_dq.get_slice(wg_tidx)
             wg_dq = tiled_mma_dq.get_slice(0)
-            ds_threads = THREADS_PER_WARPGROUP
-            ds_ready, ds_free = DS_READY + 2 * wg_idx, DS_FREE + 2 * wg_idx
+            ds_threads, ds_ready = THREADS_PER_WARPGROUP, BackwardBarrier.DS_READY + wg_idx
+            sdQ_mine = sdQ[None, (None, wg_idx)]
         tile_st = (self.tile_n, self.tile_m)  # S^T: keys x queries
         tile_kv = (self.tile_n, self.head_dim)
-        wg_keys = (KEYS_PER_WARPGROUP, self.head_dim)
         dq_tile = (self.tile_m, self.head_dim)
 
         tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -354,10 +443,12 @@ class FlashBackwardSm90:
             sdSt_dq, sK_dq = sdSt, sK
         else:
             # A = dS[:, this warpgroup's keys] (queries x 64), B = K[its keys]^T.
-            sdSt_dq = cute.local_tile(sdSt, (KEYS_PER_WARPGROUP, self.tile_m), (wg_idx, 0))
-            sK_dq = cute.local_tile(sK, wg_keys, (wg_idx, 0))
+            keys = (KEYS_PER_WARPGROUP, self.tile_m)
+            sdSt_dq = cute.flat_divide(sdSt, keys)[None, None, wg_idx, 0, None]
+            sK_dq = cute.local_tile(sK, (KEYS_PER_WARPGROUP, self.head_dim), (wg_idx, 0))
         tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(_transposed(sdSt_dq)))
         tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(_transposed(sK_dq)))
+        tdQsdQ = thr_dq.partition_C(sdQ_mine)
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
@@ -368,34 +459,42 @@ class FlashBackwardSm90:
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
         )
         store_dst = cute.make_tiled_copy_C(stmatrix, tiled_mma_sdp).get_slice(tidx)
+        tdSsdSt = store_dst.partition_D(sdSt)
+        # Keys past seqlen_k exist only in the last key tile.
+        tile_past_seqlen_k = (n_block + 1) * self.tile_n > seqlen.seqlen_k
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipeline_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
-            # Per-query lse and dpsum for this thread's columns, read before the GEMMs.
-            gLSE = cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,))
-            gDpsum = cute.local_tile(mDpsum[batch, head, None], (self.tile_m,), (m_block,))
+            ds_stage = step % DS_STAGES
             num_cols = cute.size(st_coords, mode=[1])
-            col_lse = cute.make_rmem_tensor(num_cols, Float32)
-            col_dpsum = cute.make_rmem_tensor(num_cols, Float32)
-            for c in cutlass.range_constexpr(num_cols):
-                col_lse[c] = gLSE[st_coords[0, c][1]]
-                col_dpsum[c] = gDpsum[st_coords[0, c][1]]
 
-            # 1. S^T = K Q^T, dP^T = V dO^T
+            # 1. S^T = K Q^T, dP^T = V dO^T; per-query lse of this thread's columns read while
+            # they run.
             pipeline_q.consumer_wait(state, pipeline_q.consumer_try_wait(state))
             acc_St = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
             gemm(tiled_mma_sdp, acc_St, tSrK, tSrQ[None, None, None, state.index],
                  zero_init=True, wait_groups=-1)
+            col_lse = cute.make_rmem_tensor(num_cols, Float32)
+            for c in cutlass.range_constexpr(num_cols):
+                col_lse[c] = sLSE[st_coords[0, c][1], state.index]
             pipeline_do.consumer_wait(state, pipeline_do.consumer_try_wait(state))
             acc_dPt = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
             gemm(tiled_mma_sdp, acc_dPt, tdPrV, tdPrdO[None, None, None, state.index],
                  zero_init=True, wait_groups=1)
 
-            # 2. mask, P^T from the forward's lse, dS^T = P^T (dP^T - dpsum)
-            self.mask_keys_major(acc_St, st_coords, n_block, m_block, seqlen)
+            # 2. mask (only tiles that hold a hidden key), P^T from the forward's lse
+            needs_mask = tile_past_seqlen_k
+            if cutlass.const_expr(self.causal):
+                # The tile's last key against its first query's diagonal.
+                needs_mask = needs_mask | (
+                    (n_block + 1) * self.tile_n - 1
+                    > m_block * self.tile_m + seqlen.seqlen_k - seqlen.seqlen_q
+                )
+            if needs_mask:
+                self.mask_keys_major(acc_St, st_coords, n_block, m_block, seqlen)
             scores = acc_as_rows_cols(acc_St)
             for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
                 for c in cutlass.range_constexpr(num_cols):
@@ -403,7 +502,17 @@ class FlashBackwardSm90:
                         scores[r, c] * scale_log2 - col_lse[c], fastmath=True
                     )
             convert_packed(acc_St, tdVrPt)
-            warpgroup.wait_group(0)
+
+            # 3. dV += P^T dO (register A operand), issued before waiting for dP^T: the
+            # exponentials above overlap the dP^T GEMM (ptxas cannot hoist the wait above a
+            # WGMMA issue), and dV runs while dS^T is formed.
+            gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
+                 zero_init=False, wait_groups=1)
+
+            # dS^T = P^T (dP^T - dpsum)
+            col_dpsum = cute.make_rmem_tensor(num_cols, Float32)
+            for c in cutlass.range_constexpr(num_cols):
+                col_dpsum[c] = sDpsum[st_coords[0, c][1], state.index]
             dscores = acc_as_rows_cols(acc_dPt)
             for r in cutlass.range_constexpr(cute.size(dscores, mode=[0])):
                 for c in cutlass.range_constexpr(num_cols):
@@ -412,31 +521,34 @@ class FlashBackwardSm90:
             # 4a. dS^T to shared memory now: once the dK GEMM below is issued, its A registers
             # may not be read until it completes.
             cute.copy(stmatrix, store_dst.retile(as_accumulator(tdKrdSt, acc_dPt)),
-                      store_dst.partition_D(sdSt))
-
-            # 3. dV += P^T dO, dK += dS^T Q (register A operands)
-            gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
-                 zero_init=False, wait_groups=-1)
-            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
-                 zero_init=False, wait_groups=-1)
+                      tdSsdSt[None, None, None, ds_stage])
 
             # 4b. dQ = dS K once dS^T is complete in shared memory. Generic-proxy writes must
-            # be visible to WGMMA (async proxy) before it reads them.
+            # be visible to WGMMA (async proxy) before it reads them. The other dS^T buffer
+            # is free: every thread finished last step's dQ GEMM before reaching this barrier.
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=ds_ready, number_of_threads=ds_threads)
             acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(dq_tile), Float32)
-            gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrK, zero_init=True, wait_groups=0)
-            # dV, dK (issued before dQ) are done too: Q and dO of this stage are free.
-            pipeline_q.consumer_release(state)
+            gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_stage], tdQrK,
+                 zero_init=True, wait_groups=-1)
+            # 3'. dK += dS^T Q (register A operand), in flight while dQ goes out.
+            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
+                 zero_init=False, wait_groups=1)
+            # dV and dQ are done: dO of this stage is free, dQ goes to warp 1's buffer.
             pipeline_do.consumer_release(state)
-            # Every reader is past the dQ GEMM before the next step overwrites dS^T.
-            cute.arch.barrier(barrier_id=ds_free, number_of_threads=ds_threads)
-            gdQ = cute.local_tile(mdQaccum[batch, head, None, None], dq_tile, (m_block, 0))
-            tdQgdQ = thr_dq.partition_C(gdQ)
-            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                cute.arch.atomic_add(
-                    tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i] * softmax_scale
-                )
+            cute.arch.barrier(
+                barrier_id=BackwardBarrier.DQ_EMPTY + wg_idx,
+                number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
+            )
+            cute.autovec_copy(acc_dQ, tdQsdQ)
+            # The bulk reductions read the buffer through the async proxy.
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(
+                barrier_id=BackwardBarrier.DQ_FULL + wg_idx,
+                number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
+            )
+            warpgroup.wait_group(0)
+            pipeline_q.consumer_release(state)
             state.advance()
 
         # ---- Epilogue: dK, dV from registers, rows past seqlen_k skipped ------------------------

@@ -73,13 +73,30 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
 BACKWARD_HEAD_DIMS = (64, 96, 128)
 BACKWARD_TILE = dict(tile_m=64, tile_n=128, num_threads=384, num_stages=2)
 BACKWARD_SMEM_SLACK = 2048  # barriers and alignment
+# dQ rows in shared memory and in dq_accum's chunks are padded by 8 floats (32 bytes): a warp's
+# 64-bit accumulator stores then take the minimum two wavefronts (rows start 8 banks apart).
+BACKWARD_DQ_ROW_PAD = 8
+
+
+def backward_dq_chunks(head_dim: int) -> tuple[int, int]:
+    """(chunks, row_pad) of dq_accum for the sm90 backward. The two consumer warpgroups split
+    dQ's columns where half the dim is whole 128-byte swizzle rows of K (d128: a chunk each);
+    otherwise each computes its own keys' share of every column (one chunk, added twice)."""
+    split = (head_dim // 2 * tiling.ELEM_BYTES) % 128 == 0
+    return (2 if split else 1), BACKWARD_DQ_ROW_PAD
 
 
 def backward_smem_bytes(head_dim: int) -> int:
-    """K, V (tile_n rows), two stages of Q and dO (tile_m rows), dS^T (tile_n x tile_m)."""
+    """K, V (tile_n rows), two stages of Q and dO (tile_m rows), two dS^T buffers (tile_n x
+    tile_m), lse and dpsum per Q stage, and a padded fp32 dQ buffer per consumer warpgroup
+    for the bulk reductions."""
     tile_m, tile_n, stages = BACKWARD_TILE["tile_m"], BACKWARD_TILE["tile_n"], 2
-    elems = 2 * tile_n * head_dim + 2 * stages * tile_m * head_dim + tile_n * tile_m
-    return elems * tiling.ELEM_BYTES + BACKWARD_SMEM_SLACK
+    elems = 2 * tile_n * head_dim + 2 * stages * tile_m * head_dim + 2 * tile_n * tile_m
+    chunks, row_pad = backward_dq_chunks(head_dim)
+    # One buffer per consumer warpgroup: a column chunk each, or a whole row each.
+    dq_buffer_floats = 2 * tile_m * (head_dim // chunks + row_pad)
+    fp32_bytes = (dq_buffer_floats + 2 * stages * tile_m) * 4
+    return elems * tiling.ELEM_BYTES + fp32_bytes + BACKWARD_SMEM_SLACK
 
 
 class Sm90Family(KernelFamily):
@@ -192,6 +209,11 @@ class Sm90Family(KernelFamily):
                 separate_o=plan.option("persistent"), smem_capacity=arch.smem_per_block,
             )
         )
+
+    def dq_accum_chunks(self, plan: KernelPlan) -> tuple[int, int]:
+        if plan.kind == "backward":
+            return backward_dq_chunks(plan.head_dim)
+        return super().dq_accum_chunks(plan)
 
     def kernel(self, plan: KernelPlan):
         from cuteattn.kernels.common.compile_args import dsl_dtype
