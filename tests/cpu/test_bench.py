@@ -229,6 +229,22 @@ def test_ratio_columns_follow_the_backends_that_ran():
     assert ratio_columns(["fa4", "sdpa-flash", "cuteattn-sm80"]) == []
 
 
+def test_deterministic_variants_report_their_cost_per_row():
+    backends = ["cuteattn", "fa4", "cuteattn-deterministic", "fa4-deterministic"]
+    columns = dict(ratio_columns(backends))
+    assert list(columns) == [
+        BEST_PEER_COLUMN, "cuteattn-deterministic/cuteattn", "fa4-deterministic/fa4",
+    ]
+    row = result(128, 4096, True, cuteattn=1.0, fa4=0.9, cuteattn_deterministic=1.25,
+                 fa4_deterministic=1.0)
+    assert columns["cuteattn-deterministic/cuteattn"](row) == RowRatio(0.8, "cuteattn")
+    assert columns["fa4-deterministic/fa4"](row).value == pytest.approx(0.9)
+    # Without the plain run there is nothing to compare with.
+    assert ratio_columns(["cuteattn-deterministic", "fa4"]) == []
+    summary = format_summaries([row], backends)
+    assert "cuteattn-deterministic/cuteattn overall: geomean 0.80x over 1 rows" in summary
+
+
 def summary_results():
     return [
         result(64, 1024, False, cuteattn=1.0, fa4=2.0, sdpa_cudnn=3.0, sdpa_flash=2.0),  # 2 (fa4)
@@ -276,7 +292,7 @@ def test_summaries_follow_the_backends_that_ran():
     results = summary_results()
     text = format_summaries(results, ["cuteattn", "sdpa-flash", "sdpa-cudnn", "fa4"])
     headers = [line for line in text.splitlines() if not line.startswith("  ")]
-    assert headers[0].startswith("# ratio = cuteattn TFLOP/s / the other's TFLOP/s")
+    assert headers[0].startswith("# ratio = A TFLOP/s / B TFLOP/s for a column A/B")
     assert "best-peer = the faster of fa4, sdpa-cudnn per row" in headers[0]
     assert headers[1].startswith(f"{BEST_PEER_COLUMN} overall: geomean 1.19x")
     assert headers[2].startswith(f"{SDPA_FLASH_COLUMN} overall: geomean 1.52x")

@@ -24,15 +24,18 @@ class UnknownBackendError(ValueError):
     """Raised when the user names a backend this benchmark does not know."""
 
 
-def _load_cuteattn() -> Binder:
-    import cuteattn  # late: keeps listing backends cheap; compiling pulls in the CuTe DSL
+def _cuteattn_loader(deterministic: bool = False) -> Callable[[], Binder]:
+    def load() -> Binder:
+        import cuteattn  # late: keeps listing backends cheap; compiling pulls in the CuTe DSL
 
-    attention = cuteattn.flash_attn_func
+        attention = cuteattn.flash_attn_func
 
-    def bind(q, k, v, causal):
-        return lambda: attention(q, k, v, causal=causal)
+        def bind(q, k, v, causal):
+            return lambda: attention(q, k, v, causal=causal, deterministic=deterministic)
 
-    return bind
+        return bind
+
+    return load
 
 
 def _cuteattn_family_loader(family: str) -> Callable[[], Binder]:
@@ -79,19 +82,25 @@ def _sdpa_loader(sdp_backend: str) -> Callable[[], Binder]:
     return load
 
 
-def _load_fa4() -> Binder:
-    from flash_attn.cute import flash_attn_func
+def _fa4_loader(deterministic: bool = False) -> Callable[[], Binder]:
+    def load() -> Binder:
+        from flash_attn.cute import flash_attn_func
 
-    def bind(q, k, v, causal):
-        # FA4 takes fewer k/v heads than q heads (GQA / MQA) as they are.
-        def call():
-            out = flash_attn_func(q, k, v, causal=causal)
-            # Some FA4 releases return (out, lse).
-            return out[0] if isinstance(out, tuple) else out
+        # Only asked for when set: FA4 releases without the keyword still load.
+        flags = {"deterministic": True} if deterministic else {}
 
-        return call
+        def bind(q, k, v, causal):
+            # FA4 takes fewer k/v heads than q heads (GQA / MQA) as they are.
+            def call():
+                out = flash_attn_func(q, k, v, causal=causal, **flags)
+                # Some FA4 releases return (out, lse).
+                return out[0] if isinstance(out, tuple) else out
 
-    return bind
+            return call
+
+        return bind
+
+    return load
 
 
 def _family_loaders() -> dict[str, Callable[[], Binder]]:
@@ -101,11 +110,16 @@ def _family_loaders() -> dict[str, Callable[[], Binder]]:
     return {f"cuteattn-{name}": _cuteattn_family_loader(name) for name in family_names()}
 
 
+# The deterministic variants differ in the backward only (``--mode bwd``): next to their plain
+# runs they give the cost of deterministic=True per row.
+DETERMINISTIC_SUFFIX = "-deterministic"
 LOADERS: dict[str, Callable[[], Binder]] = {
-    "cuteattn": _load_cuteattn,
+    "cuteattn": _cuteattn_loader(),
     "sdpa-flash": _sdpa_loader("FLASH_ATTENTION"),
     "sdpa-cudnn": _sdpa_loader("CUDNN_ATTENTION"),
-    "fa4": _load_fa4,
+    "fa4": _fa4_loader(),
+    "cuteattn" + DETERMINISTIC_SUFFIX: _cuteattn_loader(deterministic=True),
+    "fa4" + DETERMINISTIC_SUFFIX: _fa4_loader(deterministic=True),
     **_family_loaders(),
 }
 BACKEND_NAMES: tuple[str, ...] = tuple(LOADERS)

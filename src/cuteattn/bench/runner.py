@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import functools
 import importlib.metadata
 import math
 import statistics
@@ -18,7 +19,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 import torch
 
-from .backends import Binder, one_line
+from .backends import DETERMINISTIC_SUFFIX, Binder, one_line
 
 FLOPS_NOTE = (
     "FLOPs = 4 * batch * heads * seqlen_q * seqlen_k * dim, halved when causal "
@@ -29,7 +30,7 @@ PEERS = ("fa4", "sdpa-cudnn")
 BEST_PEER_COLUMN = "cuteattn/best-peer"
 PEER_NAME_COLUMN = "best-peer"
 SDPA_FLASH_COLUMN = "cuteattn/sdpa-flash"
-RATIO_NOTE = "ratio = cuteattn TFLOP/s / the other's TFLOP/s (same inputs; >1: cuteattn faster)"
+RATIO_NOTE = "ratio = A TFLOP/s / B TFLOP/s for a column A/B (same inputs; >1: A faster)"
 CAUSAL_MODES = {"both": (False, True), "true": (True,), "false": (False,)}
 # Timed pass: the forward, or the backward (dq, dk, dv from a recorded forward), whose FLOPs
 # are counted as 2.5x the forward's (flash-attn's convention: five GEMMs of the forward's two
@@ -237,16 +238,27 @@ def sdpa_flash_ratio(result: ShapeResult) -> RowRatio | None:
     return best_peer_ratio(result, peers=("sdpa-flash",))
 
 
+def deterministic_ratio(backend: str) -> RatioFn:
+    """``backend``'s deterministic variant against itself: 1 - the value is the cost."""
+    return functools.partial(
+        best_peer_ratio, peers=(backend,), subject=backend + DETERMINISTIC_SUFFIX
+    )
+
+
 def ratio_columns(backends: Sequence[str]) -> list[tuple[str, RatioFn]]:
     """The ratios a run with ``backends`` can report: cuteattn/best-peer when cuteattn and a
-    peer ran, cuteattn/sdpa-flash when both ran."""
-    if "cuteattn" not in backends:
-        return []
+    peer ran, cuteattn/sdpa-flash when both ran, and X-deterministic/X for each backend X that
+    ran with its deterministic variant."""
     columns: list[tuple[str, RatioFn]] = []
-    if any(peer in backends for peer in PEERS):
-        columns.append((BEST_PEER_COLUMN, best_peer_ratio))
-    if "sdpa-flash" in backends:
-        columns.append((SDPA_FLASH_COLUMN, sdpa_flash_ratio))
+    if "cuteattn" in backends:
+        if any(peer in backends for peer in PEERS):
+            columns.append((BEST_PEER_COLUMN, best_peer_ratio))
+        if "sdpa-flash" in backends:
+            columns.append((SDPA_FLASH_COLUMN, sdpa_flash_ratio))
+    for backend in backends:
+        if backend + DETERMINISTIC_SUFFIX in backends:
+            column = f"{backend}{DETERMINISTIC_SUFFIX}/{backend}"
+            columns.append((column, deterministic_ratio(backend)))
     return columns
 
 
