@@ -43,6 +43,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
+from cuteattn.kernels.common import turns
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.epilogue import store_o
@@ -427,9 +428,7 @@ class FlashBackwardSm80:
     def wait_for_turn(self, counter: cute.Pointer, turn: Int32, tidx: Int32):
         """Block until ``counter`` reaches ``turn`` (one thread polls; the CTA then proceeds)."""
         if tidx == 0:
-            seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
-            while seen != turn:
-                seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+            turns.wait_for_turn(counter, turn)
         cute.arch.barrier()
 
     @cute.jit
@@ -438,7 +437,7 @@ class FlashBackwardSm80:
         cute.arch.fence_acq_rel_gpu()
         cute.arch.barrier()
         if tidx == 0:
-            cute.arch.store(counter, turn + 1, sem="release", scope="gpu")
+            turns.pass_turn(counter, turn)
 
     @cute.jit
     def load_rows(
