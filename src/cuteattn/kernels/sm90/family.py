@@ -218,26 +218,22 @@ class Sm90Family(KernelFamily):
     def kernel(self, plan: KernelPlan):
         from cuteattn.kernels.common.compile_args import dsl_dtype
 
-        if plan.kind == "backward":
-            from cuteattn.kernels.sm90.backward import FlashBackwardSm90
-
-            return FlashBackwardSm90(
-                dtype=dsl_dtype(plan.dtype),
-                head_dim=plan.head_dim,
-                tile_m=plan.tile_m,
-                tile_n=plan.tile_n,
-                num_stages=plan.num_stages,
-                causal=plan.causal,
-            )
-        from cuteattn.kernels.sm90.forward import FlashForwardSm90
-
-        return FlashForwardSm90(
+        sizes = dict(
             dtype=dsl_dtype(plan.dtype),
             head_dim=plan.head_dim,
             tile_m=plan.tile_m,
             tile_n=plan.tile_n,
             num_stages=plan.num_stages,
             causal=plan.causal,
+        )
+        if plan.kind == "backward":
+            from cuteattn.kernels.sm90.backward import FlashBackwardSm90
+
+            return FlashBackwardSm90(**sizes)
+        from cuteattn.kernels.sm90.forward import FlashForwardSm90
+
+        return FlashForwardSm90(
+            **sizes,
             pingpong=plan.option("pingpong"),
             persistent=plan.option("persistent"),
             pack_gqa=plan.option("pack_gqa"),
