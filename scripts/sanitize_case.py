@@ -1,8 +1,8 @@
 """Small launches for compute-sanitizer (memcheck / racecheck / synccheck) runs on the GPU.
 
-    compute-sanitizer --tool racecheck python scripts/sanitize_case.py [--family sm90] [--backward]
+    compute-sanitizer --tool racecheck python scripts/sanitize_case.py [--family sm90] [--backward] [--head-dim 256]
 
-Runs seqlen 1000, dim 128, causal and not, through the planner's plan for the family and,
+Runs seqlen 1000, dim 128 (or --head-dim), causal and not, through the planner's plan for the family and,
 for sm90, its single-tile and persistent variants both. ``--backward`` runs the backward
 instead (the planner's backward plan, plain and deterministic).
 """
@@ -19,16 +19,17 @@ from cuteattn.plan import Problem, plan_forward
 parser = argparse.ArgumentParser()
 parser.add_argument("--family", default=None, help="force a kernel family (default: planner)")
 parser.add_argument("--backward", action="store_true", help="run the backward kernels")
+parser.add_argument("--head-dim", type=int, default=128, help="head dim (default 128)")
 args = parser.parse_args()
 
 arch = arch_from_name("sm_%d%d" % torch.cuda.get_device_capability())
 for causal in (False, True):
-    q = torch.randn(1, 1000, 2, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, 1000, 2, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 1000, 2, args.head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 1000, 2, args.head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     problem = Problem(
-        batch=1, seqlen_q=1000, seqlen_k=1000, heads_q=2, heads_kv=2, head_dim=128,
-        head_dim_v=128, dtype="bf16", causal=causal, arch=arch,
+        batch=1, seqlen_q=1000, seqlen_k=1000, heads_q=2, heads_kv=2, head_dim=args.head_dim,
+        head_dim_v=args.head_dim, dtype="bf16", causal=causal, arch=arch,
     )
     if args.backward:
         out, lse = api.forward(q, k, v, causal=causal)
