@@ -193,9 +193,7 @@ def launch_backward(
         lse_log2 = torch.empty(batch, heads_q, rows, **f32)
         preprocess = compile_backward_preprocess(plan.arch, plan.dtype, dim)
         preprocess(validate.kernel_ready(out), dout, lse.contiguous(), lse_log2, dpsum)
-        chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
-        chunk_dim = dim // chunks
-        dq_accum = torch.zeros(batch, heads_q, chunks, rows, chunk_dim + row_pad, **f32)
+        dq_accum = new_dq_accum(q, rows, *get_family(plan.family).dq_accum_chunks(plan))
         if dk is None:
             dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         if dv is None:
@@ -210,10 +208,29 @@ def launch_backward(
         kernel(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, softmax_scale)
         if dq is None:
             dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        # (batch, seqlen_q, heads_q, chunks, chunk_dim) views of both: one strided pass.
-        accumulated = dq_accum[:, :, :, :seqlen_q, :chunk_dim].permute(0, 3, 1, 2, 4)
-        torch.mul(accumulated, softmax_scale, out=dq.unflatten(-1, (chunks, chunk_dim)))
+        dq_from_accum(dq_accum, softmax_scale, dq)
     return dq, dk, dv
+
+
+def new_dq_accum(q: torch.Tensor, rows: int, chunks: int, row_pad: int) -> torch.Tensor:
+    """The zeroed fp32 dq accumulator of a backward plan: (batch, heads_q, chunks, rows,
+    head_dim / chunks + row_pad), rows padded to whole query tiles
+    (``KernelFamily.dq_accum_chunks``)."""
+    batch, _, heads_q, dim = q.shape
+    return torch.zeros(
+        batch, heads_q, chunks, rows, dim // chunks + row_pad, dtype=torch.float32, device=q.device
+    )
+
+
+def dq_from_accum(dq_accum: torch.Tensor, softmax_scale: float, dq: torch.Tensor) -> torch.Tensor:
+    """The postprocess: dq (batch, seqlen_q, heads_q, dim) = softmax_scale * the accumulator,
+    cast to dq's dtype, through (batch, seqlen_q, heads_q, chunks, chunk_dim) views of both (one
+    strided pass; the row padding and the padded rows are not read)."""
+    chunks = dq_accum.shape[2]
+    chunk_dim = dq.shape[-1] // chunks
+    accumulated = dq_accum[:, :, :, : dq.shape[1], :chunk_dim].permute(0, 3, 1, 2, 4)
+    torch.mul(accumulated, softmax_scale, out=dq.unflatten(-1, (chunks, chunk_dim)))
+    return dq
 
 
 def backward_family(family: str | None) -> str | None:
