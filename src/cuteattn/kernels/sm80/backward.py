@@ -48,6 +48,7 @@ from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.epilogue import store_o
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
+from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.sm80 import tiling
@@ -89,28 +90,16 @@ def _at_stage(operand: SmemOperand, stage) -> SmemOperand:
     return SmemOperand(operand.smem[None, None, None, stage], operand.regs_view, operand.thr_copy)
 
 
-class FlashBackwardSm80:
+class FlashBackwardSm80(AttentionKernel):
     def __init__(
-        self,
-        *,
-        dtype: type[cutlass.Numeric],
-        head_dim: int,
-        tile_m: int,
-        tile_n: int,
-        num_threads: int,
-        causal: bool,
-        num_stages: int = 1,
-        deterministic: bool = False,
+        self, *, num_threads: int, num_stages: int = 1, deterministic: bool = False, **shape
     ):
-        """num_stages: Q / dO buffers (2: the next query tile loads during this one)."""
+        """num_stages: Q / dO buffers (2: the next query tile loads during this one); shape:
+        ``AttentionKernel``'s fields."""
+        super().__init__(**shape)
         self.num_stages = num_stages
         self.deterministic = deterministic
-        self.dtype = dtype
-        self.head_dim = head_dim
-        self.tile_m = tile_m
-        self.tile_n = tile_n
         self.num_threads = num_threads
-        self.causal = causal
         self.warps_sdp, self.warps_dkv, self.warps_dq = tiling.backward_warp_layouts(
             num_threads // 32
         )

@@ -40,6 +40,7 @@ from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_operand_dtypes
 from cuteattn.kernels.common.epilogue import store_lse, store_o
 from cuteattn.kernels.common.fragments import tile_coords
+from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
@@ -93,23 +94,11 @@ class QueryTile(NamedTuple):
     mask: AttentionMask
 
 
-class FlashForwardSm80:
-    def __init__(
-        self,
-        *,
-        dtype: type[cutlass.Numeric],
-        head_dim: int,
-        tile_m: int,
-        tile_n: int,
-        num_threads: int,
-        causal: bool,
-    ):
-        self.dtype = dtype
-        self.head_dim = head_dim
-        self.tile_m = tile_m
-        self.tile_n = tile_n
+class FlashForwardSm80(AttentionKernel):
+    def __init__(self, *, num_threads: int, **shape):
+        """shape: ``AttentionKernel``'s fields."""
+        super().__init__(**shape)
         self.num_threads = num_threads
-        self.causal = causal
 
     can_implement = staticmethod(tiling.can_implement)
 

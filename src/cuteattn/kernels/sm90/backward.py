@@ -52,6 +52,7 @@ from cutlass.experimental import primitives as prims
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
+from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.sm90.family import backward_dq_chunks
 from cuteattn.kernels.sm90.forward import _permuted, _smem_layout, _transposed
@@ -77,26 +78,13 @@ class BackwardBarrier(enum.IntEnum):
     DQ_FULL = 5
 
 
-class FlashBackwardSm90:
-    def __init__(
-        self,
-        *,
-        dtype: type[cutlass.Numeric],
-        head_dim: int,
-        tile_m: int,
-        tile_n: int,
-        num_stages: int,
-        causal: bool,
-        deterministic: bool = False,
-    ):
+class FlashBackwardSm90(AttentionKernel):
+    def __init__(self, *, num_stages: int, deterministic: bool = False, **shape):
+        """shape: ``AttentionKernel``'s fields."""
         if deterministic:
             raise NotImplementedError("the deterministic sm90 backward is not written yet")
-        self.dtype = dtype
-        self.head_dim = head_dim
-        self.tile_m = tile_m
-        self.tile_n = tile_n
+        super().__init__(**shape)
         self.num_stages = num_stages
-        self.causal = causal
         self.num_consumer_threads = NUM_CONSUMER_WGS * THREADS_PER_WARPGROUP
         self.num_threads = (1 + NUM_CONSUMER_WGS) * THREADS_PER_WARPGROUP
         self.consumer_regs, self.producer_regs = 240, 24
@@ -104,9 +92,9 @@ class FlashBackwardSm90:
         # keep WGMMAs in flight (C7512: every WGMMA serialised): split dQ's columns instead.
         # Each consumer warpgroup's share goes through a (tile_m, dq_chunk_cols) buffer with
         # padded rows, as dq_accum's chunks are.
-        chunks, row_pad = backward_dq_chunks(head_dim)
+        chunks, row_pad = backward_dq_chunks(self.head_dim)
         self.dq_split_dim = chunks == NUM_CONSUMER_WGS
-        self.dq_chunk_cols = head_dim // chunks
+        self.dq_chunk_cols = self.head_dim // chunks
         self.dq_row = self.dq_chunk_cols + row_pad
 
     @cute.jit

@@ -52,6 +52,7 @@ from cuteattn.kernels.common.compile_args import check_operand_dtypes
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.epilogue import store_lse
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
+from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.softmax import (
@@ -143,44 +144,36 @@ class Mainloop(NamedTuple):
     wg_idx: Int32
 
 
-class FlashForwardSm90:
+class FlashForwardSm90(AttentionKernel):
     def __init__(
         self,
         *,
-        dtype: type[cutlass.Numeric],
-        head_dim: int,
-        tile_m: int,
-        tile_n: int,
         num_stages: int,
-        causal: bool,
         pingpong: bool | None = None,
         persistent: bool = False,
         pack_gqa: int = 1,
+        **shape,
     ):
         """pack_gqa: query heads per KV head packed into one tile's rows (1: not packed); the
-        caller guarantees heads_q == pack_gqa * heads_kv."""
-        self.dtype = dtype
-        self.head_dim = head_dim
-        self.tile_m = tile_m
-        self.tile_n = tile_n
+        caller guarantees heads_q == pack_gqa * heads_kv. shape: ``AttentionKernel``'s fields."""
+        super().__init__(**shape)
         self.num_stages = num_stages
-        self.causal = causal
         self.persistent = persistent
         self.pack_gqa = pack_gqa
         # Query positions per tile: packed, each position takes pack_gqa rows, and the rows
         # past the last whole group stay idle (tile_m need not be a multiple of pack_gqa).
-        self.tile_positions = tile_m // pack_gqa
-        self.num_consumer_wgs = tiling.num_consumer_warpgroups(tile_m)
+        self.tile_positions = self.tile_m // pack_gqa
+        self.num_consumer_wgs = tiling.num_consumer_warpgroups(self.tile_m)
         self.num_consumer_threads = self.num_consumer_wgs * THREADS_PER_WARPGROUP
-        self.num_threads = tiling.num_threads(tile_m)
+        self.num_threads = tiling.num_threads(self.tile_m)
         self.consumer_regs, self.producer_regs = tiling.REGISTER_SPLIT[self.num_consumer_wgs]
         # Ping-pong pays where softmax is a large share of a tile's time (small head dims).
         if pingpong is None:
-            pingpong = self.num_consumer_wgs >= 2 and head_dim <= 128
+            pingpong = self.num_consumer_wgs >= 2 and self.head_dim <= 128
         self.pingpong = pingpong and self.num_consumer_wgs >= 2
         # Large head dims: rescale O while S = Q K^T is in flight rather than after softmax,
         # which keeps the (large) O rescale off the critical path.
-        self.rescale_o_before_pv = head_dim > 128
+        self.rescale_o_before_pv = self.head_dim > 128
 
     @staticmethod
     def can_implement(head_dim, tile_m, tile_n, num_stages, persistent, smem_capacity) -> bool:
