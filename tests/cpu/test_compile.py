@@ -99,8 +99,8 @@ def backward_cases(cases):
 
 def compile_backward_case(family, arch, head_dim, causal, dtype):
     """Both backward variants the family has for the case: dq by plain atomics, and in
-    key-tile order (deterministic). sm90's backward covers head dims up to 128, not
-    deterministic; the sm80 one covers every case."""
+    key-tile order (deterministic). sm90's backward covers head dims up to 128, the sm80 one
+    every case."""
     compiled = 0
     for deterministic in (False, True):
         problem = Problem(

@@ -330,28 +330,32 @@ def test_packed_plan_must_match_the_head_group():
     )
 
 
-def test_backward_plans_carry_the_deterministic_switch():
+@pytest.mark.parametrize("family,arch", [("sm80", "sm_80"), ("sm90", "sm_90a")])
+def test_backward_plans_carry_the_deterministic_switch(family, arch):
     for deterministic in (False, True):
-        plan = plan_backward(problem(deterministic=deterministic), family="sm80")
-        assert (plan.family, plan.kind) == ("sm80", "backward")
+        call = problem(deterministic=deterministic, arch=arch)
+        plan = plan_backward(call, family=family)
+        assert (plan.family, plan.kind) == (family, "backward")
         assert plan.options == (("deterministic", deterministic),)
-        check_plan(plan, problem(deterministic=deterministic))
+        check_plan(plan, call)
         with pytest.raises(ValueError, match=r"deterministic"):
-            check_plan(plan, problem(deterministic=not deterministic))
-    forward = plan_forward(problem(deterministic=True), family="sm80")
-    assert forward.options == ()  # the forward has no switch: it is deterministic already
+            check_plan(plan, problem(deterministic=not deterministic, arch=arch))
+    forward = plan_forward(problem(deterministic=True, arch=arch), family=family)
+    assert "deterministic" not in dict(forward.options)  # the forward is deterministic already
 
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_hopper_backward_family(head_dim):
-    """sm90's backward takes head dims up to 128 unless deterministic; the rest fall back to
-    the sm80 backward."""
+    """sm90's backward takes every head dim, deterministic or not: 128 keys per CTA up to
+    d128, 64 at d192 and 48 at d256 (the wide variant, sized to shared memory)."""
     plan = plan_backward(problem(head_dim))
-    assert plan.kind == "backward"
-    assert plan.family == ("sm90" if head_dim <= 128 else "sm80")
-    assert plan_backward(problem(head_dim, deterministic=True)).family == "sm80"
+    assert (plan.kind, plan.family) == ("backward", "sm90")
+    assert plan_backward(problem(head_dim, deterministic=True)).family == "sm90"
     assert plan_backward(problem(head_dim, arch="sm_80")).family == "sm80"
-    if head_dim <= 128:
-        assert (plan.tile_m, plan.tile_n, plan.num_threads, plan.num_stages) == (64, 128, 384, 2)
-        with pytest.raises(ValueError, match=r"deterministic"):
-            check_plan(plan, problem(head_dim, deterministic=True))
+    tile_n = {192: 64, 256: 48}.get(head_dim, 128)
+    assert (plan.tile_m, plan.tile_n, plan.num_threads, plan.num_stages) == (64, tile_n, 384, 2)
+    with pytest.raises(ValueError, match=r"deterministic"):
+        check_plan(plan, problem(head_dim, deterministic=True))
+    from cuteattn.kernels.sm90.family import backward_smem_bytes
+
+    assert backward_smem_bytes(head_dim) <= arch_from_name("sm_90a").smem_per_block

@@ -29,7 +29,7 @@ def _ids(value):
 
 def _skip_unless_supported(family, head_dim=None, deterministic=False):
     """Skip where the family has no backward for the case (it runs elsewhere: sm90's backward
-    covers head dims up to 128 without deterministic, the sm80 one everything)."""
+    covers head dims up to 128, the sm80 one everything)."""
     from cuteattn.plan import Problem, get_family, plan_backward
     from cuteattn.runtime.arch import device_arch
 
@@ -107,7 +107,8 @@ def test_deterministic_backward_is_bitwise_reproducible(family, head_dim, causal
     k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     dout = torch.randn_like(q)
-    out, lse = api.forward(q, k, v, causal=causal)
+    # The forward of the same family: autograd below runs it, and dpsum = rowsum(dO * O).
+    out, lse = api.forward(q, k, v, causal=causal, family=family)
     runs = [
         api.backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, family=family)
         for _ in range(3)

@@ -62,7 +62,12 @@ class KernelFamily(abc.ABC):
 
     def plan_mismatch(self, plan: KernelPlan, problem: Problem) -> str | None:
         """What in ``plan``'s family options contradicts ``problem``, or None (``check_plan``
-        compares the common fields)."""
+        compares the common fields). Backward plans carry the call's ``deterministic``."""
+        if plan.kind == "backward" and plan.option("deterministic") != problem.deterministic:
+            return (
+                f"deterministic {plan.option('deterministic')!r} (the call asks for "
+                f"{problem.deterministic!r})"
+            )
         return None
 
     @abc.abstractmethod

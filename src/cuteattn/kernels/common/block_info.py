@@ -44,3 +44,26 @@ class BlockInfo:
         """First key tile that some row of this query tile must not fully see."""
         first_row_limit = m_block * self.tile_m + 1 + seqlen.seqlen_k - seqlen.seqlen_q
         return cutlass.max(first_row_limit, 0) // self.tile_n
+
+    @cute.jit
+    def m_block_min(self, seqlen: SeqlenInfo, n_block: Int32) -> Int32:
+        """The backward's view: the first query tile with a row that sees some key of key tile
+        ``n_block`` (causal; 0 otherwise). Every later query tile sees it too."""
+        m_block_min = Int32(0)
+        if cutlass.const_expr(self.causal):
+            first_row = n_block * self.tile_n - seqlen.seqlen_k + seqlen.seqlen_q
+            m_block_min = cutlass.max(first_row, 0) // self.tile_m
+        return m_block_min
+
+    @cute.jit
+    def needs_mask(self, seqlen: SeqlenInfo, m_block: Int32, n_block: Int32):
+        """Whether tile (m_block, n_block) hides a key from a row: keys past seqlen_k (only in
+        the last key tile) or, causal, a key above some row's diagonal (the tile's last key
+        against its first row)."""
+        needs_mask = (n_block + 1) * self.tile_n > seqlen.seqlen_k
+        if cutlass.const_expr(self.causal):
+            needs_mask = needs_mask | (
+                n_block >= self.n_block_causal_start(seqlen, m_block)
+            )
+        return needs_mask
+

@@ -31,8 +31,8 @@ def _fake_bshd(plan: KernelPlan, batch, seqlen, heads):
     return make_fake_tensor(dtype, (batch, seqlen, heads, plan.head_dim), strides, assumed_align=16)
 
 
-def _fake_fp32(*shape, align: int):
-    strides = tuple(cute.sym_int64() for _ in shape[:-1]) + (1,)
+def _fake_fp32(*shape, align: int, stride_divisibility: int = 1):
+    strides = tuple(cute.sym_int64(divisibility=stride_divisibility) for _ in shape[:-1]) + (1,)
     return make_fake_tensor(cutlass.Float32, shape, strides, assumed_align=align)
 
 
@@ -61,8 +61,10 @@ def fake_backward_args(plan: KernelPlan, dq_chunks: tuple[int, int] = (1, 0)) ->
     k, v, dk, dv = (
         _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"]) for _ in range(4)
     )
-    lse_log2 = _fake_fp32(n["batch"], n["heads_q"], rows, align=16)
-    dpsum = _fake_fp32(n["batch"], n["heads_q"], rows, align=16)
+    # The kernels' contract: rows padded to whole query tiles, so every (batch, head) row starts
+    # 16-byte aligned (the sm80 backward cp.asyncs them 16 bytes at a time).
+    lse_log2 = _fake_fp32(n["batch"], n["heads_q"], rows, align=16, stride_divisibility=4)
+    dpsum = _fake_fp32(n["batch"], n["heads_q"], rows, align=16, stride_divisibility=4)
     chunks, row_pad = dq_chunks
     dq_accum = _fake_fp32(
         n["batch"], n["heads_q"], chunks, rows, plan.head_dim // chunks + row_pad, align=16

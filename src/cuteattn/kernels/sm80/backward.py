@@ -13,18 +13,24 @@ need no atomics and no expanded buffers for dK, dV). For each (query head, m_blo
   1. cp.async Q and dO tiles (rows past seqlen_q zeroed); with two stages, the next step's
      tiles load into the other buffer while this step computes;
   2. S = Q K^T and dP = dO V^T (ldmatrix + mma.sync, operands in shared memory);
-  3. mask S (seqlen_k bound, causal diagonal), P = exp2(S * scale_log2 - lse_log2), the
-     probabilities of the forward without recomputing its statistics;
+  3. mask S where the tile hides a key (seqlen_k bound, causal diagonal),
+     P = exp2(S * scale_log2 - lse_log2), the probabilities of the forward without
+     recomputing its statistics;
      dS = P * (dP - dpsum);
   4. P and dS (16-bit) to shared memory;
-  5. dV += P^T dO and dK += dS^T Q, the transposed operands read with ldmatrix.trans;
-  6. dQ = dS K, added to dq_accum with fp32 atomics (red.global.add). Deterministic: the
+  5. dV += P^T dO, the transposed operands read with ldmatrix.trans;
+  6. dQ = dS K, added to dq_accum with fp32 atomics (red.global.add). d64 / d128 (whose fp32
+     tile fits P's and dS's buffers): dK += dS^T Q first, then dQ goes through those buffers
+     (swizzled) and out row by row, a warp's 32 atomics on 128 contiguous bytes; other head
+     dims add from the registers before 7., so that the atomics drain under its MMAs.
+     Deterministic: the
      key tiles of a KV head add to one query tile in n_block order, each waiting on a
      per-(batch, head, m_block) counter (``semaphore``, zeroed) for its turn, so every dq
      element sums its terms in one fixed order. Every lower key tile contributes to the
      query tiles a key tile visits (causal: the first visible query tile only moves down as
      n_block grows), so the turn of key tile n is n; lower key tiles are launched first and
-     never wait on higher ones, so the waits end.
+     never wait on higher ones, so the waits end;
+  7. dK += dS^T Q (where not done before 6.).
 Then dK *= softmax_scale, and dK, dV go through shared memory (K's and V's buffers) to 128-bit
 global stores; rows past seqlen_k are not written. Key tiles no query row can see (causal,
 seqlen_q < seqlen_k... the rows above the diagonal) are skipped; a key tile that no query
@@ -41,9 +47,10 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import warp
+from cutlass.cute.nvgpu import cpasync, warp
 
 from cuteattn.kernels.common import turns
+from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.epilogue import store_o
@@ -101,8 +108,12 @@ class FlashBackwardSm80(AttentionKernel):
         self.deterministic = deterministic
         self.num_threads = num_threads
         self.warps_sdp, self.warps_dkv, self.warps_dq = tiling.backward_warp_layouts(
-            num_threads // 32
+            num_threads // 32, self.head_dim
         )
+        # dQ leaves through P's and dS's buffers (adjacent, 2 * tile_m * tile_n 16-bit values)
+        # where its fp32 (tile_m, dim) tile fits there and its rows are a power of two long
+        # (the swizzle below): coalesced atomics instead of 8 rows x 16 bytes per warp.
+        self.stage_dq = tiling.stages_dq(self.head_dim, self.tile_n)
 
     can_implement = staticmethod(tiling.can_implement_backward)
 
@@ -142,6 +153,10 @@ class FlashBackwardSm80(AttentionKernel):
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
             sdS: cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024
+            ]
+            # lse and dpsum of each stage's query tile: (tile_m, 2, stages) fp32.
+            sRows: cute.struct.Align[
+                cute.struct.MemRange[Float32, self.tile_m * 2 * self.num_stages], 16
             ]
 
         gmem_copy_async, gmem_copy_store = gmem_row_copies(self.dtype, tile_atom, self.num_threads)
@@ -203,6 +218,17 @@ class FlashBackwardSm80(AttentionKernel):
         sV = storage.sV.get_tensor(sKV_layout)
         sP = storage.sP.get_tensor(sPdS_layout)
         sdS = storage.sdS.get_tensor(sPdS_layout)
+        sdQ = None
+        if cutlass.const_expr(self.stage_dq):
+            # 16-byte units XOR-swizzled by row % 8: the accumulator fragments' stores (8 rows
+            # of a column pair per warp) and the row-by-row reads both hit distinct banks.
+            row_shift = int(math.log2(self.head_dim)) - 2
+            dq_layout = cute.make_composed_layout(
+                cute.make_swizzle(3, 2, row_shift), 0,
+                cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim, 1)),
+            )
+            sdQ = cute.make_tensor(cute.recast_ptr(sP.iterator, dtype=Float32), dq_layout)
+        sRows = storage.sRows.get_tensor(cute.make_layout((self.tile_m, 2, self.num_stages)))
         sKt, sPt, sdSt = (_transposed(t) for t in (sK, sP, sdS))
         # Register fragments come from stage 0; the ldmatrix partitions span every stage and a
         # step picks its own (``_at_stage``).
@@ -226,6 +252,7 @@ class FlashBackwardSm80(AttentionKernel):
         # dQ = dS K: (tile_m, dim), k over tile_n.
         tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
         tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
+        tdQsdQ = thr_dq.partition_C(sdQ) if cutlass.const_expr(self.stage_dq) else None
 
         ldmatrix, ldmatrix_t = ldmatrix_atoms(self.dtype)
         copy_a, copy_b = cute.make_tiled_copy_A, cute.make_tiled_copy_B
@@ -273,16 +300,14 @@ class FlashBackwardSm80(AttentionKernel):
         num_rows = cute.size(score_coords, mode=[0])
 
         # ---- Query tiles that see this key tile, for every query head of the group ---------------
-        m_block_min = Int32(0)
-        if cutlass.const_expr(self.causal):
-            # Row i sees key j iff j <= i + seqlen_k - seqlen_q: the first row to see this tile.
-            first_row = n_block * self.tile_n - seqlen.seqlen_k + seqlen.seqlen_q
-            m_block_min = cutlass.max(first_row, 0) // self.tile_m
+        block_info = BlockInfo(tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        m_block_min = block_info.m_block_min(seqlen, n_block)
         m_block_max = cute.ceil_div(seqlen.seqlen_q, self.tile_m)
         num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
         num_steps = group * num_m_blocks
         query_tiles = dict(
-            mQ=mQ, mdO=mdO, sQ_stages=sQ_stages, sdO_stages=sdO_stages,
+            mQ=mQ, mdO=mdO, sQ_stages=sQ_stages, sdO_stages=sdO_stages, mLSE=mLSE,
+            mDpsum=mDpsum, sRows=sRows,
             gmem_copy_async=gmem_copy_async, batch=batch, head_kv=head_kv, group=group,
             m_block_min=m_block_min, num_m_blocks=num_m_blocks, seqlen_q=seqlen.seqlen_q,
         )
@@ -312,14 +337,12 @@ class FlashBackwardSm80(AttentionKernel):
             dot_stage = _at_stage(dot_operand, stage)
             qt_stage = _at_stage(qt_operand, stage)
 
-            # Per-row lse and dpsum, read before the GEMMs so their latency hides behind them.
-            gLSE = cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,))
-            gDpsum = cute.local_tile(mDpsum[batch, head, None], (self.tile_m,), (m_block,))
+            # Per-row lse and dpsum, loaded with Q and dO (no global round trip here).
             row_lse = cute.make_rmem_tensor(num_rows, Float32)
             row_dpsum = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
-                row_lse[r] = gLSE[score_coords[r, 0][0]]
-                row_dpsum[r] = gDpsum[score_coords[r, 0][0]]
+                row_lse[r] = sRows[score_coords[r, 0][0], 0, stage]
+                row_dpsum[r] = sRows[score_coords[r, 0][0], 1, stage]
 
             # 2. S = Q K^T, dP = dO V^T
             acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_mn), Float32)
@@ -330,10 +353,12 @@ class FlashBackwardSm80(AttentionKernel):
             gemm(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, v_operand, a_from_smem=do_stage)
 
             # 3. P from the forward's lse; dS = P (dP - rowsum(dO O))
-            mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
-            mask.apply(
-                acc_S, thr_sdp, m_block, n_block, mask_seqlen=True, mask_causal=self.causal
-            )
+            # Only tiles that hide a key from some row (the last key tile, the diagonal's).
+            if block_info.needs_mask(seqlen, m_block, n_block):
+                mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
+                mask.apply(
+                    acc_S, thr_sdp, m_block, n_block, mask_seqlen=True, mask_causal=self.causal
+                )
             scores = acc_as_rows_cols(acc_S)
             dscores = acc_as_rows_cols(acc_dP)
             for r in cutlass.range_constexpr(num_rows):
@@ -353,25 +378,33 @@ class FlashBackwardSm80(AttentionKernel):
             cute.copy(store_pds, store_pds.retile(rdS), store_pds.partition_D(sdS))
             cute.arch.barrier()
 
-            # 5. dV += P^T dO, dK += dS^T Q
+            # 5. dV += P^T dO
             gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, dot_stage, a_from_smem=pt_operand)
-            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
-
-            # 6. dQ += dS K, in fp32 atomics (softmax_scale is applied once, in the postprocess)
-            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
-            acc_dQ.fill(0.0)
-            gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
-            gdQ = cute.local_tile(mdQaccum[batch, head, 0, None, None], tile_q, (m_block, 0))
-            tdQgdQ = thr_dq.partition_C(gdQ)
-            if cutlass.const_expr(self.deterministic):
-                turn = mSemaphore[batch, head, None].iterator + m_block
-                self.wait_for_turn(turn, n_block, tidx)
-            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                cute.arch.atomic_add(
-                    tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i]
+            if cutlass.const_expr(self.stage_dq):
+                # 6. dK += dS^T Q, then 7. dQ = dS K through P's and dS's buffers (free once
+                # every warp is past its GEMMs) and out with coalesced fp32 atomics.
+                gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
+                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
+                acc_dQ.fill(0.0)
+                gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
+                cute.arch.barrier()
+                cute.autovec_copy(acc_dQ, tdQsdQ)
+                cute.arch.barrier()
+                self.add_dq(
+                    sdQ, mdQaccum, mSemaphore, batch, head, m_block, n_block, tidx,
+                    coalesced=True,
                 )
-            if cutlass.const_expr(self.deterministic):
-                self.pass_turn(turn, n_block, tidx)
+            else:
+                # 6. dQ = dS K, added from the registers before 7. dK += dS^T Q, so that the
+                # atomics drain while dK's MMAs run.
+                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
+                acc_dQ.fill(0.0)
+                gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
+                self.add_dq(
+                    acc_dQ, mdQaccum, mSemaphore, batch, head, m_block, n_block, tidx,
+                    coalesced=False, thr_dq=thr_dq,
+                )
+                gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
             if cutlass.const_expr(self.num_stages == 1):
                 # Every warp is done with this step's Q, dO, P and dS before the next load.
                 cute.arch.barrier()
@@ -396,10 +429,12 @@ class FlashBackwardSm80(AttentionKernel):
 
     @cute.jit
     def load_query_tile(
-        self, step: Int32, stage: Int32, *, mQ, mdO, sQ_stages, sdO_stages, gmem_copy_async,
-        batch, head_kv, group, m_block_min, num_m_blocks, seqlen_q,
+        self, step: Int32, stage: Int32, *, mQ, mdO, sQ_stages, sdO_stages, mLSE, mDpsum,
+        sRows, gmem_copy_async, batch, head_kv, group, m_block_min, num_m_blocks, seqlen_q,
     ):
-        """cp.async Q and dO of step ``step``'s (query head, m_block) into buffer ``stage``."""
+        """cp.async Q and dO of step ``step``'s (query head, m_block) into buffer ``stage``,
+        and the tile's lse and dpsum (16 bytes per thread of the first tile_m / 2 threads; the
+        per-row buffers are padded to whole query tiles)."""
         head = head_kv * group + step // num_m_blocks
         m_block = m_block_min + step % num_m_blocks
         tile_q = (self.tile_m, self.head_dim)
@@ -412,6 +447,51 @@ class FlashBackwardSm80(AttentionKernel):
                 gmem_copy_async, thr_copy.partition_S(gX),
                 thr_copy.partition_D(sX[None, None, stage]), coords_q, rows_left,
             )
+        vectors_per_row = self.tile_m // 4
+        tidx = cute.arch.thread_idx()[0]
+        if tidx < 2 * vectors_per_row:
+            which, vector = tidx // vectors_per_row, tidx % vectors_per_row
+            copy_16b = cute.make_copy_atom(
+                cpasync.CopyG2SOp(), Float32, num_bits_per_copy=128
+            )
+            for index, mX in ((0, mLSE), (1, mDpsum)):
+                if which == index:
+                    src = cute.local_tile(
+                        mX[batch, head, None], (4,), (m_block * vectors_per_row + vector,)
+                    )
+                    dst = cute.local_tile(sRows[None, index, stage], (4,), (vector,))
+                    cute.copy(copy_16b, src, dst)
+
+    @cute.jit
+    def add_dq(
+        self, values, mdQaccum, mSemaphore, batch, head, m_block, n_block, tidx,
+        coalesced: cutlass.Constexpr[bool], thr_dq=None,
+    ):
+        """dQ of this step into dq_accum with fp32 atomics (red.global.add), in key-tile order
+        when deterministic. ``coalesced``: ``values`` is the staged (tile_m, dim) tile in shared
+        memory, read row by row so that a warp's 32 atomics cover 128 contiguous bytes; else
+        the thread's accumulator fragment (8 rows x 16 bytes per warp instruction)."""
+        tile_q = (self.tile_m, self.head_dim)
+        gdQ = cute.local_tile(mdQaccum[batch, head, 0, None, None], tile_q, (m_block, 0))
+        if cutlass.const_expr(self.deterministic):
+            turn = mSemaphore[batch, head, None].iterator + m_block
+            self.wait_for_turn(turn, n_block, tidx)
+        if cutlass.const_expr(coalesced):
+            # A runtime loop: unrolled, ptxas hoists every iteration's 64-bit address (spills).
+            for i in cutlass.range(self.tile_m * self.head_dim // self.num_threads, unroll=4):
+                flat = i * self.num_threads + tidx
+                row, col = flat // self.head_dim, flat % self.head_dim
+                cute.arch.atomic_add(
+                    gdQ.iterator + cute.crd2idx((row, col), gdQ.layout), values[row, col]
+                )
+        else:
+            tdQgdQ = thr_dq.partition_C(gdQ)
+            for i in cutlass.range_constexpr(cute.size(values)):
+                cute.arch.atomic_add(
+                    tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), values[i]
+                )
+        if cutlass.const_expr(self.deterministic):
+            self.pass_turn(turn, n_block, tidx)
 
     @cute.jit
     def wait_for_turn(self, counter: cute.Pointer, turn: Int32, tidx: Int32):

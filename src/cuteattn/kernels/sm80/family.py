@@ -123,14 +123,6 @@ class Sm80Family(KernelFamily):
             **sizes, num_stages=plan.num_stages, deterministic=plan.option("deterministic")
         )
 
-    def plan_mismatch(self, plan: KernelPlan, problem: Problem) -> str | None:
-        if plan.kind == "backward" and plan.option("deterministic") != problem.deterministic:
-            return (
-                f"deterministic {plan.option('deterministic')!r} (the call asks for "
-                f"{problem.deterministic!r})"
-            )
-        return None
-
     @staticmethod
     def _options(plan: KernelPlan) -> tuple:
         """The options a well-formed plan of its kind carries."""

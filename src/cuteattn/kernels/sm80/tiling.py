@@ -45,14 +45,29 @@ BACKWARD_WARP_LAYOUTS = {
 }
 
 
-def backward_warp_layouts(num_warps: int):
-    return BACKWARD_WARP_LAYOUTS[num_warps]
+def backward_warp_layouts(num_warps: int, head_dim: int):
+    """(S / dP, dK / dV, dQ) warp grids. With 8 warps, dQ (tile_m x head_dim) puts 4 warps
+    along head_dim where each then gets whole 16-column pairs of 8-column MMA atoms (head
+    dims 64, 128, 192): FlashAttention-2's grid, fewer ldmatrix of K^T per step than 4 warps
+    along the 64 queries. Not at 256, where its larger K^T fragments spill (sm_80 SASS)."""
+    sdp, dkv, dq = BACKWARD_WARP_LAYOUTS[num_warps]
+    if num_warps == 8 and head_dim % 64 == 0 and head_dim <= 192:
+        dq = (2, 4)
+    return sdp, dkv, dq
 
 
 def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, num_stages: int = 1) -> int:
-    """Q and dO tiles (num_stages each), K and V tiles, P and dS (tile_m x tile_n each)."""
+    """Q and dO tiles (num_stages each), K and V tiles, P and dS (tile_m x tile_n each), and
+    each stage's fp32 lse and dpsum."""
     query = 2 * num_stages * tile_m * head_dim
-    return (query + 2 * tile_n * head_dim + 2 * tile_m * tile_n) * ELEM_BYTES
+    rows_fp32 = 2 * num_stages * tile_m * 4
+    return (query + 2 * tile_n * head_dim + 2 * tile_m * tile_n) * ELEM_BYTES + rows_fp32
+
+
+def stages_dq(head_dim: int, tile_n: int) -> bool:
+    """Whether the backward's dQ goes through P's and dS's buffers (coalesced atomics): its fp32
+    (tile_m, dim) tile fits there, and rows a power of two long take the swizzle."""
+    return head_dim in (64, 128) and head_dim <= tile_n
 
 
 def can_implement_backward(
@@ -62,7 +77,7 @@ def can_implement_backward(
     num_warps = num_threads // 32
     if num_threads % 32 or num_warps not in BACKWARD_WARP_LAYOUTS:
         return False
-    sdp, dkv, dq = backward_warp_layouts(num_warps)
+    sdp, dkv, dq = backward_warp_layouts(num_warps, head_dim)
     rows_per_pass = rows_per_copy_pass(head_dim, num_threads)
     return (
         head_dim in SUPPORTED_HEAD_DIMS
@@ -76,6 +91,14 @@ def can_implement_backward(
         and tile_n % 32 == 0
         and tile_m % rows_per_pass == 0
         and tile_n % rows_per_pass == 0
+        # lse and dpsum: 16 bytes per thread of the first tile_m / 2.
+        and tile_m % 4 == 0
+        and num_threads >= tile_m // 2
+        # Staged dQ: P's and dS's buffers adjacent (1024-byte aligned), whole rounds of threads.
+        and (
+            not stages_dq(head_dim, tile_n)
+            or (tile_m * tile_n * ELEM_BYTES % 1024 == 0 and tile_m * head_dim % num_threads == 0)
+        )
         and num_stages in (1, 2)
         and backward_smem_bytes(head_dim, tile_m, tile_n, num_stages) <= smem_capacity
     )

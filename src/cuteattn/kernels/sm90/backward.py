@@ -27,14 +27,17 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
          MN-major from shared memory;
       4. dS^T to shared memory (stmatrix, two buffers so the next step never waits for this
          one's readers); dQ = dS K (A = dS, B = K^T, both MN-major from shared memory) to the
-         dQ buffer for warp 1. d128: the two warpgroups split dQ's columns (64 each, one
-         swizzle atom), meeting on a 256-thread barrier, one add per element; d64 / d96, whose
-         half is not a whole swizzle atom: each warpgroup computes its own keys' share of every
-         column into its own buffer, two adds per element.
-    Then dK *= softmax_scale; dK and dV go to global memory from registers, rows past seqlen_k
-    skipped.
+         dQ buffer for warp 1. d64 / d128: the two warpgroups split dQ's columns (32 / 64
+         each, one swizzle atom of K: ``k_smem_layout``), meeting on a 256-thread barrier, one
+         add per element; d96, whose half is not a whole swizzle atom: each warpgroup computes
+         its own keys' share of every column into its own buffer, two adds per element.
+    Then dK *= softmax_scale; dK and dV go through K's and V's buffers (stmatrix) to global
+    memory by TMA, which clips the rows past seqlen_k.
 
-Constraints: fp16/bf16; head_dim 64, 96, 128 (larger ones use the sm80 backward for now);
+Deterministic (``deterministic=True``): warp 1 adds a query tile's dQ in key-tile order
+(``kernels/common/turns.py``), waiting for each step's additions to complete.
+
+Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
 tile_m 64, tile_n 128 (two consumer warpgroups), Q / dO stages 2.
 """
 
@@ -48,7 +51,9 @@ import cutlass.utils.hopper_helpers as hopper
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.experimental import primitives as prims
+from cutlass.utils import LayoutEnum
 
+from cuteattn.kernels.common import turns
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
@@ -76,102 +81,58 @@ class BackwardBarrier(enum.IntEnum):
     # warpgroup has written it (128 + 32 threads).
     DQ_EMPTY = 3
     DQ_FULL = 5
+    # Consumers (256 threads): done with K and V, then dK and dV are in their buffers.
+    EPILOGUE = 9
+    # The wide variant's single P / dS buffers are free again (backward_wide.py).
+    PDS_FREE = 7
 
 
 class FlashBackwardSm90(AttentionKernel):
     def __init__(self, *, num_stages: int, deterministic: bool = False, **shape):
         """shape: ``AttentionKernel``'s fields."""
-        if deterministic:
-            raise NotImplementedError("the deterministic sm90 backward is not written yet")
         super().__init__(**shape)
         self.num_stages = num_stages
+        self.deterministic = deterministic
         self.num_consumer_threads = NUM_CONSUMER_WGS * THREADS_PER_WARPGROUP
         self.num_threads = (1 + NUM_CONSUMER_WGS) * THREADS_PER_WARPGROUP
         self.consumer_regs, self.producer_regs = 240, 24
         # d128's per-warpgroup dQ share (64 x 128 fp32) would leave ptxas too few registers to
-        # keep WGMMAs in flight (C7512: every WGMMA serialised): split dQ's columns instead.
+        # keep WGMMAs in flight (C7512: every WGMMA serialised): split dQ's columns instead;
+        # d64 splits them too (one bulk addition per element instead of two: half the L2
+        # reduction traffic), d96 cannot (48 columns are no whole swizzle atom).
         # Each consumer warpgroup's share goes through a (tile_m, dq_chunk_cols) buffer with
         # padded rows, as dq_accum's chunks are.
         chunks, row_pad = backward_dq_chunks(self.head_dim)
         self.dq_split_dim = chunks == NUM_CONSUMER_WGS
         self.dq_chunk_cols = self.head_dim // chunks
         self.dq_row = self.dq_chunk_cols + row_pad
+        self.dq_passes = 1  # dQ GEMMs (and buffer hand-overs) per warpgroup and step
 
-    @cute.jit
-    def __call__(
-        self,
-        mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
-        mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
-        mV: cute.Tensor,
-        mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
-        mLSE: cute.Tensor,  # (batch, heads_q, rows) fp32, log2 units
-        mDpsum: cute.Tensor,  # (batch, heads_q, rows) fp32
-        mdQaccum: cute.Tensor,  # (batch, heads_q, chunks, rows, chunk dim + pad) fp32
-        mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
-        mdV: cute.Tensor,
-        mSemaphore: cute.Tensor | None,  # deterministic only (not supported yet): None
-        softmax_scale: Float32,
-        stream,
-    ):
-        check_same_dtype(q=mQ, k=mK, v=mV, dout=mdO, dk=mdK, dv=mdV)
-        # Batch, heads and lengths of the flash-attn views, before the TMA views permute them.
-        num_batches, num_heads_kv, num_key_tiles = (
-            mK.shape[0], mK.shape[2], cute.ceil_div(mK.shape[1], self.tile_n)
-        )
-        # TMA boxes tile the first two modes: (seqlen, dim, heads, batch).
-        tQ, tK, tV, tdO = (_permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO))
+    def dq_chunk(self, wg: int, dq_pass: int) -> int:
+        """The dq_accum chunk that warpgroup ``wg``'s pass ``dq_pass`` adds to."""
+        return wg if self.dq_split_dim else 0
 
-        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
-        sKV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
-        # dS^T: (keys, queries), queries contiguous; read as dS (queries x keys), MN-major.
-        sdSt_layout = _smem_layout(self.dtype, self.tile_n, self.tile_m, DS_STAGES)
-        # lse and dpsum of a step's queries, one per Q / dO stage.
-        sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
-        # (tile_m, (chunk cols, warpgroup)): split by dim, the two buffers side by side are the
-        # (tile_m, head_dim) tile of dQ.
-        sdQ_layout = cute.make_layout(
-            (self.tile_m, (self.dq_chunk_cols, NUM_CONSUMER_WGS)),
-            stride=(self.dq_row, (1, self.tile_m * self.dq_row)),
+    def k_smem_layout(self):
+        """K's buffer (tile_n, head_dim). Split by dim, each warpgroup's dQ reads its half of
+        K^T as an MN-major operand, which must start on a swizzle atom: the atom is sized to
+        half the dim (d64: 32 columns, 64-byte swizzle; d128: 64, 128-byte)."""
+        if not self.dq_split_dim:
+            return _smem_layout(self.dtype, self.tile_n, self.head_dim)
+        atom = warpgroup.make_smem_layout_atom(
+            hopper.get_smem_layout_atom(
+                LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim // NUM_CONSUMER_WGS
+            ),
+            self.dtype,
         )
+        return cute.tile_to_shape(atom, (self.tile_n, self.head_dim), (0, 1))
 
-        @cute.struct
-        class SharedStorage:
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdSt: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sdSt_layout)], 1024
-            ]
-            sdQ: cute.struct.Align[
-                cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024
-            ]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
-            sDpsum: cute.struct.Align[
-                cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16
-            ]
+    def pds_layout(self):
+        """The bf16 score-gradient buffers: dS^T (keys, queries), queries contiguous, read as
+        dS (queries x keys), MN-major; two stages."""
+        return _smem_layout(self.dtype, self.tile_n, self.tile_m, DS_STAGES)
 
-        tma_load = cpasync.CopyBulkTensorTileG2SOp()
-        q_stage_layout = cute.select(sQ_layout, mode=[0, 1])
-        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
-            tma_load, tQ, q_stage_layout, (self.tile_m, self.head_dim), 1
-        )
-        tma_atom_do, tma_do = cpasync.make_tiled_tma_atom(
-            tma_load, tdO, q_stage_layout, (self.tile_m, self.head_dim), 1
-        )
-        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(
-            tma_load, tK, sKV_layout, (self.tile_n, self.head_dim)
-        )
-        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(
-            tma_load, tV, sKV_layout, (self.tile_n, self.head_dim)
-        )
-        # Q with its lse, dO with its dpsum.
-        q_tile_bytes = cute.size_in_bytes(self.dtype, q_stage_layout) + self.tile_m * 4
-        kv_tile_bytes = cute.size_in_bytes(self.dtype, sKV_layout)
-
+    def make_tiled_mmas(self):
+        """(S / dP, dK / dV, dQ) tiled MMAs."""
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         # S^T = K Q^T, dP^T = V dO^T: (keys, queries), one warpgroup per 64 keys.
         tiled_mma_sdp = hopper.make_trivial_tiled_mma(
@@ -189,14 +150,104 @@ class FlashBackwardSm90(AttentionKernel):
         tiled_mma_dq = hopper.make_trivial_tiled_mma(
             self.dtype, self.dtype, mn_major, mn_major, Float32,
             atom_layout_mnk=(1, NUM_CONSUMER_WGS if self.dq_split_dim else 1, 1),
-            tiler_mn=(64, self.head_dim // NUM_CONSUMER_WGS if self.dq_split_dim else self.head_dim),
+            tiler_mn=(64, self.dq_chunk_cols),
+        )
+        return tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mV: cute.Tensor,
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
+        mLSE: cute.Tensor,  # (batch, heads_q, rows) fp32, log2 units
+        mDpsum: cute.Tensor,  # (batch, heads_q, rows) fp32
+        mdQaccum: cute.Tensor,  # (batch, heads_q, chunks, rows, chunk dim + pad) fp32
+        mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
+        mdV: cute.Tensor,
+        mSemaphore: cute.Tensor | None,  # deterministic: (batch, heads_q, m_blocks) int32, zeroed
+        softmax_scale: Float32,
+        stream,
+    ):
+        check_same_dtype(q=mQ, k=mK, v=mV, dout=mdO, dk=mdK, dv=mdV)
+        # Batch, heads and lengths of the flash-attn views, before the TMA views permute them.
+        num_batches, num_heads_kv, num_key_tiles = (
+            mK.shape[0], mK.shape[2], cute.ceil_div(mK.shape[1], self.tile_n)
+        )
+        # TMA boxes tile the first two modes: (seqlen, dim, heads, batch).
+        tQ, tK, tV, tdO, tdK, tdV = (
+            _permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)
         )
 
+        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
+        sKV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
+        sK_layout = self.k_smem_layout()
+        sPdS_layout = self.pds_layout()
+        # lse and dpsum of a step's queries, one per Q / dO stage.
+        sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
+        # (tile_m, (chunk cols, warpgroup)): split by dim, the two buffers side by side are the
+        # (tile_m, head_dim) tile of dQ.
+        sdQ_layout = cute.make_layout(
+            (self.tile_m, (self.dq_chunk_cols, NUM_CONSUMER_WGS)),
+            stride=(self.dq_row, (1, self.tile_m * self.dq_row)),
+        )
+
+        @cute.struct
+        class SharedStorage:
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sPdS: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024
+            ]
+            # Whole padded rows: each bulk reduction reads its buffer's last row's pad too.
+            sdQ: cute.struct.Align[
+                cute.struct.MemRange[Float32, NUM_CONSUMER_WGS * self.tile_m * self.dq_row], 1024
+            ]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
+            sDpsum: cute.struct.Align[
+                cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16
+            ]
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        q_stage_layout = cute.select(sQ_layout, mode=[0, 1])
+        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
+            tma_load, tQ, q_stage_layout, (self.tile_m, self.head_dim), 1
+        )
+        tma_atom_do, tma_do = cpasync.make_tiled_tma_atom(
+            tma_load, tdO, q_stage_layout, (self.tile_m, self.head_dim), 1
+        )
+        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(
+            tma_load, tK, sK_layout, (self.tile_n, self.head_dim)
+        )
+        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(
+            tma_load, tV, sKV_layout, (self.tile_n, self.head_dim)
+        )
+        # dK and dV leave through K's and V's buffers (TMA clips rows past seqlen_k).
+        tma_store = cpasync.CopyBulkTensorTileS2GOp()
+        tma_atom_dk, tma_dk = cpasync.make_tiled_tma_atom(
+            tma_store, tdK, sK_layout, (self.tile_n, self.head_dim)
+        )
+        tma_atom_dv, tma_dv = cpasync.make_tiled_tma_atom(
+            tma_store, tdV, sKV_layout, (self.tile_n, self.head_dim)
+        )
+        # Q with its lse, dO with its dpsum.
+        q_tile_bytes = cute.size_in_bytes(self.dtype, q_stage_layout) + self.tile_m * 4
+        kv_tile_bytes = cute.size_in_bytes(self.dtype, sKV_layout)
+
+        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.make_tiled_mmas()
+
         self.kernel(
-            mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV,
-            tma_q, tma_k, tma_v, tma_do, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
+            mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv,
+            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
             softmax_scale * LOG2_E, softmax_scale,
-            sQ_layout, sKV_layout, sdSt_layout, sdQ_layout, sRow_layout,
+            sQ_layout, sK_layout, sKV_layout, sPdS_layout, sdQ_layout, sRow_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             q_tile_bytes, kv_tile_bytes, SharedStorage,
         ).launch(
@@ -218,19 +269,25 @@ class FlashBackwardSm90(AttentionKernel):
         mdQaccum: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
+        mSemaphore: cute.Tensor | None,
         tQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch)
         tK: cute.Tensor,
         tV: cute.Tensor,
         tdO: cute.Tensor,
+        tdK: cute.Tensor,
+        tdV: cute.Tensor,
         tma_atom_q: cute.CopyAtom,
         tma_atom_k: cute.CopyAtom,
         tma_atom_v: cute.CopyAtom,
         tma_atom_do: cute.CopyAtom,
+        tma_atom_dk: cute.CopyAtom,
+        tma_atom_dv: cute.CopyAtom,
         scale_log2: Float32,
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
-        sdSt_layout: cute.ComposedLayout,
+        sPdS_layout: cute.ComposedLayout,
         sdQ_layout: cute.Layout,
         sRow_layout: cute.Layout,
         tiled_mma_sdp: cute.TiledMma,
@@ -243,7 +300,9 @@ class FlashBackwardSm90(AttentionKernel):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         n_block, head_kv, batch = cute.arch.block_idx()
         if warp_idx == 0:
-            for atom in (tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do):
+            for atom in (
+                tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv
+            ):
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -257,9 +316,9 @@ class FlashBackwardSm90(AttentionKernel):
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
-        sdSt = storage.sdSt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
+        sPdS = storage.sPdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout)
         sLSE = storage.sLSE.get_tensor(sRow_layout)
         sDpsum = storage.sDpsum.get_tensor(sRow_layout)
@@ -281,15 +340,17 @@ class FlashBackwardSm90(AttentionKernel):
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.produce(
-                    tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q, tma_atom_k, tma_atom_v,
-                    tma_atom_do, pipeline_kv, pipeline_q, pipeline_do, n_block, batch, steps,
+                    tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q,
+                    tma_atom_k, tma_atom_v, tma_atom_do, pipeline_kv, pipeline_q, pipeline_do,
+                    n_block, batch, steps,
                 )
             elif warp_idx == DQ_WRITER_WARP:
-                self.add_dq(mdQaccum, sdQ, batch, steps)
+                self.add_dq(mdQaccum, mSemaphore, sdQ, n_block, batch, steps)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
+            dkv_out = dict(tdK=tdK, tdV=tdV, tma_atom_dk=tma_atom_dk, tma_atom_dv=tma_atom_dv)
             self.consume(
-                mdK, mdV, sQ, sK, sV, sdO, sdSt, sdQ, sLSE, sDpsum,
+                mdK, mdV, dkv_out, sQ, sK, sV, sdO, sPdS, sdQ, sLSE, sDpsum,
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q,
                 pipeline_do, scale_log2, softmax_scale, seqlen, n_block, batch, steps,
             )
@@ -356,41 +417,72 @@ class FlashBackwardSm90(AttentionKernel):
     # ---- dQ writer: bulk reductions from shared memory ----------------------------------------
 
     @cute.jit
-    def add_dq(self, mdQaccum: cute.Tensor, sdQ: cute.Tensor, batch: Int32, steps: dict):
+    def add_dq(
+        self, mdQaccum: cute.Tensor, mSemaphore: cute.Tensor | None, sdQ: cute.Tensor,
+        n_block: Int32, batch: Int32, steps: dict,
+    ):
         """Per step and consumer warpgroup: hand its dQ buffer back once the previous reduction
-        has read it, wait until it is full, add it to its block of dq_accum."""
+        has read it, wait until it is full, add it to its block of dq_accum.
+
+        Deterministic: the additions to a query tile happen in key-tile order (``turns``), and
+        where both warpgroups add to the same block (split by keys) the first one's addition
+        completes before the second is issued.
+        """
+        lane = cute.arch.lane_idx()
         block = (self.tile_m, self.dq_row)
         block_bytes = self.tile_m * self.dq_row * Float32.width // 8
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
-            for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
-                # Bulk groups complete in order: this warpgroup's last group is done reading
-                # once at most the later warpgroups' groups are in flight.
-                cute.arch.cp_async_bulk_wait_group(NUM_CONSUMER_WGS - 1 - wg, read=True)
-                cute.arch.barrier_arrive(
-                    barrier_id=BackwardBarrier.DQ_EMPTY + wg,
-                    number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
-                )
-            for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
-                chunk = wg if cutlass.const_expr(self.dq_split_dim) else 0
-                gdQ = cute.local_tile(mdQaccum[batch, head, chunk, None, None], block, (m_block, 0))
-                cute.arch.barrier(
-                    barrier_id=BackwardBarrier.DQ_FULL + wg,
-                    number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
-                )
-                with cute.arch.elect_one():
-                    prims.cp_reduce_async_bulk_global_shared_cta(
-                        gdQ.iterator, sdQ[None, (None, wg)].iterator, block_bytes,
-                        op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
+            for dq_pass in cutlass.range_constexpr(self.dq_passes):
+                for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
+                    # Bulk groups complete in order: this warpgroup's last group is done
+                    # reading once at most the later warpgroups' groups are in flight.
+                    cute.arch.cp_async_bulk_wait_group(NUM_CONSUMER_WGS - 1 - wg, read=True)
+                    cute.arch.barrier_arrive(
+                        barrier_id=BackwardBarrier.DQ_EMPTY + wg,
+                        number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
                     )
-                cute.arch.cp_async_bulk_commit_group()
+                if cutlass.const_expr(self.deterministic and dq_pass == 0):
+                    # The consumers fill their buffers meanwhile.
+                    counter = mSemaphore[batch, head, None].iterator + m_block
+                    if lane == 0:
+                        turns.wait_for_turn(counter, n_block)
+                    cute.arch.sync_warp()
+                for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
+                    chunk = self.dq_chunk(wg, dq_pass)
+                    gdQ = cute.local_tile(
+                        mdQaccum[batch, head, chunk, None, None], block, (m_block, 0)
+                    )
+                    cute.arch.barrier(
+                        barrier_id=BackwardBarrier.DQ_FULL + wg,
+                        number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
+                    )
+                    with cute.arch.elect_one():
+                        prims.cp_reduce_async_bulk_global_shared_cta(
+                            gdQ.iterator, sdQ[None, (None, wg)].iterator, block_bytes,
+                            op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
+                        )
+                    cute.arch.cp_async_bulk_commit_group()
+                    shared_block = self.dq_chunk(0, dq_pass) == self.dq_chunk(1, dq_pass)
+                    if cutlass.const_expr(self.deterministic and shared_block and wg == 0):
+                        # Both warpgroups add to this block: a fixed order of the additions.
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+            if cutlass.const_expr(self.deterministic):
+                # The additions are performed (not only their reads) before the next key tile
+                # may start its own; their writes came through the async proxy.
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.fence_proxy("async.global")
+                # The elected lane that issued them need not be lane 0.
+                cute.arch.sync_warp()
+                if lane == 0:
+                    turns.pass_turn(counter, n_block)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---- Consumers ----------------------------------------------------------------------------
 
     @cute.jit
     def consume(
-        self, mdK, mdV, sQ, sK, sV, sdO, sdSt, sdQ, sLSE, sDpsum,
+        self, mdK, mdV, dkv_out: dict, sQ, sK, sV, sdO, sdSt, sdQ, sLSE, sDpsum,
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q, pipeline_do,
         scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
         batch: Int32, steps: dict,
@@ -524,34 +616,76 @@ class FlashBackwardSm90(AttentionKernel):
                  zero_init=False, wait_groups=1)
             # dV and dQ are done: dO of this stage is free, dQ goes to warp 1's buffer.
             pipeline_do.consumer_release(state)
-            cute.arch.barrier(
-                barrier_id=BackwardBarrier.DQ_EMPTY + wg_idx,
-                number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
-            )
-            cute.autovec_copy(acc_dQ, tdQsdQ)
-            # The bulk reductions read the buffer through the async proxy.
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(
-                barrier_id=BackwardBarrier.DQ_FULL + wg_idx,
-                number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
-            )
+            self.hand_over_dq(acc_dQ, tdQsdQ, wg_idx)
             warpgroup.wait_group(0)
             pipeline_q.consumer_release(state)
             state.advance()
 
-        # ---- Epilogue: dK, dV from registers, rows past seqlen_k skipped ------------------------
+        # ---- Epilogue: dK, dV through K's and V's buffers, one TMA store each --------------------
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * softmax_scale
-        kv_coords = tile_coords(thr_dkv, tile_kv)
-        keys_left = seqlen.seqlen_k - n_block * self.tile_n
-        for acc, mgrad in ((acc_dK, mdK), (acc_dV, mdV)):
-            gX = cute.local_tile(mgrad[batch, None, steps["head_kv"], None], tile_kv, (n_block, 0))
-            values = acc_as_rows_cols(acc)
-            for r in cutlass.range_constexpr(cute.size(values, mode=[0])):
-                row = kv_coords[r, 0][0]
-                if row < keys_left:
-                    for c in cutlass.range_constexpr(cute.size(values, mode=[1])):
-                        gX[row, kv_coords[r, c][1]] = values[r, c].to(self.dtype)
+        self.store_dkv(acc_dK, acc_dV, sK, sV, tiled_mma_dkv, dkv_out, n_block, batch, steps)
+
+    @cute.jit
+    def store_dkv(
+        self, acc_dK, acc_dV, sK, sV, tiled_mma_dkv, dkv_out: dict, n_block: Int32,
+        batch: Int32, steps: dict,
+    ):
+        """dK, dV (accumulators, dK already scaled) -> K's and V's buffers with stmatrix ->
+        global with one TMA store each, clipped to seqlen_k; the first consumer warp issues
+        them and waits until they have read shared memory."""
+        tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+        rdK = cute.make_fragment_like(acc_dK, self.dtype)
+        rdK.store(acc_dK.load().to(self.dtype))
+        rdV = cute.make_fragment_like(acc_dV, self.dtype)
+        rdV.store(acc_dV.load().to(self.dtype))
+        # Every consumer is past its last GEMM that reads K or V (the producer loaded them once).
+        cute.arch.barrier(
+            barrier_id=BackwardBarrier.EPILOGUE, number_of_threads=self.num_consumer_threads
+        )
+        stmatrix = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        store = cute.make_tiled_copy_C(stmatrix, tiled_mma_dkv).get_slice(tidx)
+        cute.copy(stmatrix, store.retile(rdK), store.partition_D(sK))
+        cute.copy(stmatrix, store.retile(rdV), store.partition_D(sV))
+        # Generic-proxy writes must be visible to the TMA (async proxy) before it reads them.
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(
+            barrier_id=BackwardBarrier.EPILOGUE, number_of_threads=self.num_consumer_threads
+        )
+        if tidx < cute.arch.WARP_SIZE:
+            tile_kv = (self.tile_n, self.head_dim)
+            for atom, smem, tensor in (
+                (dkv_out["tma_atom_dk"], sK, dkv_out["tdK"]),
+                (dkv_out["tma_atom_dv"], sV, dkv_out["tdV"]),
+            ):
+                gX = cute.local_tile(
+                    tensor[None, None, steps["head_kv"], batch], tile_kv, (n_block, 0)
+                )
+                t_smem, t_gmem = cpasync.tma_partition(
+                    atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                    cute.group_modes(gX, 0, 2),
+                )
+                cute.copy(atom, t_smem, t_gmem)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def hand_over_dq(self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, wg_idx: Int32):
+        """Write a warpgroup's dQ share to its buffer once warp 1 has handed it back, then
+        tell warp 1 it is full."""
+        cute.arch.barrier(
+            barrier_id=BackwardBarrier.DQ_EMPTY + wg_idx,
+            number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
+        )
+        cute.autovec_copy(acc_dQ, tdQsdQ)
+        # The bulk reductions read the buffer through the async proxy.
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(
+            barrier_id=BackwardBarrier.DQ_FULL + wg_idx,
+            number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
+        )
 
     @cute.jit
     def mask_keys_major(self, acc_St, st_coords, n_block: Int32, m_block: Int32, seqlen):

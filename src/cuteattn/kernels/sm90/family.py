@@ -67,33 +67,40 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
     return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
 
 
-# The backward (kernels/sm90/backward.py): 64 queries per step, 128 keys per CTA (two consumer
-# warpgroups of 64 keys), two Q / dO stages; head dims up to 128 (dK and dV rows live in
-# registers). Larger head dims and deterministic=True take the sm80 backward for now.
-BACKWARD_HEAD_DIMS = (64, 96, 128)
-BACKWARD_TILE = dict(tile_m=64, tile_n=128, num_threads=384, num_stages=2)
+# The backward: 64 queries per step, two Q / dO stages, two consumer warpgroups. Head dims up to
+# 128 (kernels/sm90/backward.py): 128 keys per CTA, 64 per warpgroup with their dK and dV rows
+# in registers. 192 and 256 (kernels/sm90/backward_wide.py): dK^T and dV^T with head_dim along
+# WGMMA's M, 64 / 48 keys per CTA (the largest that fit shared memory).
+BACKWARD_TILE_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 48}
+BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILE_N)
+BACKWARD_TILE = dict(tile_m=64, num_threads=384, num_stages=2)
+# Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV and dQ.
+WIDE_BACKWARD_SPLIT_DIM = {192: False, 256: True}
 BACKWARD_SMEM_SLACK = 2048  # barriers and alignment
 # dQ rows in shared memory and in dq_accum's chunks are padded by 8 floats (32 bytes): a warp's
 # 64-bit accumulator stores then take the minimum two wavefronts (rows start 8 banks apart).
 BACKWARD_DQ_ROW_PAD = 8
+WIDE_DQ_CHUNK = 64
 
 
 def backward_dq_chunks(head_dim: int) -> tuple[int, int]:
-    """(chunks, row_pad) of dq_accum for the sm90 backward. The two consumer warpgroups split
-    dQ's columns where half the dim is whole 128-byte swizzle rows of K (d128: a chunk each);
-    otherwise each computes its own keys' share of every column (one chunk, added twice)."""
-    split = (head_dim // 2 * tiling.ELEM_BYTES) % 128 == 0
+    """(chunks, row_pad) of dq_accum for the sm90 backward. Up to d128 the two consumer
+    warpgroups split dQ's columns where half the dim is whole 64- or 128-byte swizzle rows of K
+    (d64, d128: a chunk each), otherwise each computes its own keys' share of every column (d96:
+    one chunk, added twice). The wide variant adds dQ in 64-column chunks."""
+    if head_dim in WIDE_BACKWARD_SPLIT_DIM:
+        return head_dim // WIDE_DQ_CHUNK, BACKWARD_DQ_ROW_PAD
+    split = (head_dim // 2 * tiling.ELEM_BYTES) % 64 == 0
     return (2 if split else 1), BACKWARD_DQ_ROW_PAD
 
 
 def backward_smem_bytes(head_dim: int) -> int:
-    """K, V (tile_n rows), two stages of Q and dO (tile_m rows), two dS^T buffers (tile_n x
-    tile_m), lse and dpsum per Q stage, and a padded fp32 dQ buffer per consumer warpgroup
-    for the bulk reductions."""
-    tile_m, tile_n, stages = BACKWARD_TILE["tile_m"], BACKWARD_TILE["tile_n"], 2
+    """K, V (tile_n rows), two stages of Q and dO (tile_m rows), two bf16 tile_m x tile_n
+    buffers (dS^T twice, or P and dS), lse and dpsum per stage, and a padded fp32 dQ buffer per
+    consumer warpgroup for the bulk reductions."""
+    tile_m, tile_n, stages = BACKWARD_TILE["tile_m"], BACKWARD_TILE_N[head_dim], 2
     elems = 2 * tile_n * head_dim + 2 * stages * tile_m * head_dim + 2 * tile_n * tile_m
     chunks, row_pad = backward_dq_chunks(head_dim)
-    # One buffer per consumer warpgroup: a column chunk each, or a whole row each.
     dq_buffer_floats = 2 * tile_m * (head_dim // chunks + row_pad)
     fp32_bytes = (dq_buffer_floats + 2 * stages * tile_m) * 4
     return elems * tiling.ELEM_BYTES + fp32_bytes + BACKWARD_SMEM_SLACK
@@ -156,13 +163,14 @@ class Sm90Family(KernelFamily):
         return tuple(plans)
 
     def backward_candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
-        if problem.deterministic or problem.head_dim not in BACKWARD_HEAD_DIMS:
+        if problem.head_dim not in BACKWARD_HEAD_DIMS:
             return ()
         return (
             KernelPlan(
                 family=self.name, arch=problem.arch.name, dtype=problem.dtype,
-                head_dim=problem.head_dim, causal=problem.causal, **BACKWARD_TILE,
-                options=(("deterministic", False),), kind="backward",
+                head_dim=problem.head_dim, causal=problem.causal,
+                tile_n=BACKWARD_TILE_N[problem.head_dim], **BACKWARD_TILE,
+                options=(("deterministic", problem.deterministic),), kind="backward",
             ),
         )
 
@@ -188,8 +196,10 @@ class Sm90Family(KernelFamily):
                 and self.supports(arch)
                 and plan.dtype in DTYPES
                 and plan.head_dim in BACKWARD_HEAD_DIMS
-                and plan.options == (("deterministic", False),)
+                and len(plan.options) == 1
+                and isinstance(plan.option("deterministic"), bool)
                 and all(getattr(plan, name) == value for name, value in BACKWARD_TILE.items())
+                and plan.tile_n == BACKWARD_TILE_N[plan.head_dim]
                 and backward_smem_bytes(plan.head_dim) <= arch.smem_per_block
             )
         names = tuple(name for name, _ in plan.options)
@@ -227,9 +237,14 @@ class Sm90Family(KernelFamily):
             causal=plan.causal,
         )
         if plan.kind == "backward":
-            from cuteattn.kernels.sm90.backward import FlashBackwardSm90
+            if plan.head_dim in WIDE_BACKWARD_SPLIT_DIM:
+                from cuteattn.kernels.sm90.backward_wide import (
+                    FlashBackwardSm90Wide as FlashBackwardSm90,
+                )
+            else:
+                from cuteattn.kernels.sm90.backward import FlashBackwardSm90
 
-            return FlashBackwardSm90(**sizes)
+            return FlashBackwardSm90(**sizes, deterministic=plan.option("deterministic"))
         from cuteattn.kernels.sm90.forward import FlashForwardSm90
 
         return FlashForwardSm90(
@@ -240,8 +255,9 @@ class Sm90Family(KernelFamily):
         )
 
     def plan_mismatch(self, plan: KernelPlan, problem: Problem) -> str | None:
-        if plan.kind == "backward" and problem.deterministic:
-            return "deterministic True (the sm90 backward adds dq in no fixed order yet)"
+        mismatch = super().plan_mismatch(plan, problem)
+        if mismatch is not None:
+            return mismatch
         group = plan.option("pack_gqa", 1)
         if group > 1 and problem.heads_q != group * problem.heads_kv:
             return (

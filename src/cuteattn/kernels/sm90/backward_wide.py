@@ -1,0 +1,278 @@
+"""Attention backward for the Hopper family at head dims 192 and 256 (sm_90a).
+
+The narrow kernel (``backward.py``) keeps 64 keys x head_dim of dK and of dV per consumer
+warpgroup in registers; at d192 / d256 that is 192 / 256 registers per thread for dK and dV
+alone. This variant turns the GEMMs around (as FlashAttention-3 does for large head dims):
+
+  - S = Q K^T and dP = dO V^T with queries along M: (tile_m queries, tile_n keys), the two
+    consumer warpgroups splitting the keys; P, dS per query row (lse, dpsum per row).
+  - P and dS go to shared memory (one buffer each), and dV^T += dO^T P, dK^T += Q^T dS run with
+    head_dim along M, every operand in shared memory: d256 splits head_dim between the
+    warpgroups (64-row blocks taken in turn: 0-63 and 128-191, 64-127 and 192-255, over all 48
+    keys), d192 (96 is not whole 64-row WGMMA atoms) splits the keys (32 each, over all 192
+    dims).
+  - dQ = dS K in 64-column chunks (passes), handed to warp 1's bulk reductions one chunk at a
+    time: d256 splits the chunks (two per warpgroup), d192 has each warpgroup add its keys'
+    share of all three chunks.
+
+Everything else (producer, dQ writer warp, dq_accum layout, deterministic turns) is the narrow
+kernel's. Tiles: d256 64 x 48 (K, V, two Q and dO stages, P, dS and the dQ buffers fill 227 KB),
+d192 64 x 64.
+
+NOT YET RUN ON A GPU (written and compiled on a CPU): the next session tests it.
+"""
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as hopper
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.utils import LayoutEnum
+
+from cuteattn.kernels.common.convert import convert_packed
+from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
+from cuteattn.kernels.common.mask import AttentionMask
+from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.sm90.backward import (
+    NUM_CONSUMER_WGS,
+    BackwardBarrier,
+    FlashBackwardSm90,
+)
+from cuteattn.kernels.sm90.family import WIDE_BACKWARD_SPLIT_DIM
+from cuteattn.kernels.sm90.forward import _transposed
+from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm
+
+DQ_CHUNK_COLS = 64
+# P and dS, one buffer each (stage 0: P, stage 1: dS).
+P_BUFFER, DS_BUFFER = 0, 1
+
+
+class FlashBackwardSm90Wide(FlashBackwardSm90):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        assert self.dq_chunk_cols == DQ_CHUNK_COLS, self.dq_chunk_cols
+        # Split head_dim (d256: 128 rows of dK^T / dV^T and two dQ chunks per warpgroup) or
+        # split the keys (d192: every row, half the keys, a share of every dQ chunk).
+        self.split_dim = WIDE_BACKWARD_SPLIT_DIM[self.head_dim]
+        num_chunks = self.head_dim // DQ_CHUNK_COLS
+        self.dq_passes = num_chunks // NUM_CONSUMER_WGS if self.split_dim else num_chunks
+
+    def dq_chunk(self, wg, dq_pass: int):
+        if self.split_dim:
+            return wg * self.dq_passes + dq_pass
+        return dq_pass
+
+    def pds_layout(self):
+        """P and dS, (queries, keys), keys contiguous: dS is dQ's K-major A operand, and both
+        are read as (keys, queries) MN-major B operands of dV^T and dK^T, a warpgroup's keys at
+        a time where the keys are split. The swizzle atom is sized to one warpgroup's keys so
+        that its share starts on an atom: d192 32 keys, 64-byte swizzle; d256 24 keys (not a
+        whole 16-key 32-byte atom), no swizzle (8-column interleaved atoms)."""
+        keys_per_wg = self.tile_n // NUM_CONSUMER_WGS
+        atom = warpgroup.make_smem_layout_atom(
+            hopper.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, keys_per_wg),
+            self.dtype,
+        )
+        return cute.tile_to_shape(atom, (self.tile_m, self.tile_n, 2), (0, 1, 2))
+
+    def make_tiled_mmas(self):
+        k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        # S = Q K^T, dP = dO V^T: (queries, keys), the warpgroups split the keys.
+        tiled_mma_sdp = hopper.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, k_major, Float32,
+            atom_layout_mnk=(1, NUM_CONSUMER_WGS, 1),
+            tiler_mn=(64, self.tile_n // NUM_CONSUMER_WGS),
+        )
+        # dV^T += dO^T P, dK^T += Q^T dS: (dim, keys), A = dO^T / Q^T and B = P^T / dS^T, both
+        # MN-major views of shared memory.
+        if self.split_dim:
+            atom_layout, tiler = (NUM_CONSUMER_WGS, 1, 1), (64, self.tile_n)
+        else:
+            atom_layout, tiler = (1, NUM_CONSUMER_WGS, 1), (64, self.tile_n // NUM_CONSUMER_WGS)
+        tiled_mma_dkv = hopper.make_trivial_tiled_mma(
+            self.dtype, self.dtype, mn_major, mn_major, Float32,
+            atom_layout_mnk=atom_layout, tiler_mn=tiler,
+        )
+        # dQ chunk = dS K[:, chunk]: one warpgroup, A = dS K-major, B = K^T MN-major.
+        tiled_mma_dq = hopper.make_trivial_tiled_mma(
+            self.dtype, self.dtype, k_major, mn_major, Float32,
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, DQ_CHUNK_COLS),
+        )
+        return tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
+
+    @cute.jit
+    def consume(
+        self, mdK, mdV, dkv_out: dict, sQ, sK, sV, sdO, sPdS, sdQ, sLSE, sDpsum,
+        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q, pipeline_do,
+        scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
+        batch: Int32, steps: dict,
+    ):
+        tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        wg_tidx = tidx % THREADS_PER_WARPGROUP
+        thr_sdp = tiled_mma_sdp.get_slice(tidx)
+        thr_dkv = tiled_mma_dkv.get_slice(tidx)
+        thr_dq = tiled_mma_dq.get_slice(wg_tidx)
+        # Shared-memory operands are partitioned per warpgroup (WGMMA reads them as a whole).
+        wg_sdp = tiled_mma_sdp.get_slice(wg_idx * THREADS_PER_WARPGROUP)
+        wg_dkv = tiled_mma_dkv.get_slice(wg_idx * THREADS_PER_WARPGROUP)
+        wg_dq = tiled_mma_dq.get_slice(0)
+        if cutlass.const_expr(self.split_dim):
+            # Both warpgroups read every key of P and dS.
+            pds_threads, pds_ready, pds_free = (
+                self.num_consumer_threads, BackwardBarrier.DS_READY, BackwardBarrier.PDS_FREE
+            )
+        else:
+            pds_threads = THREADS_PER_WARPGROUP
+            pds_ready = BackwardBarrier.DS_READY + wg_idx
+            pds_free = BackwardBarrier.PDS_FREE + wg_idx
+        tile_s = (self.tile_m, self.tile_n)
+        tile_kvt = (self.head_dim, self.tile_n)  # dK^T, dV^T
+        keys_per_wg = self.tile_n // NUM_CONSUMER_WGS
+        sP, sdS = sPdS[None, None, P_BUFFER], sPdS[None, None, DS_BUFFER]
+
+        tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
+        tSrK = wg_sdp.make_fragment_B(wg_sdp.partition_B(sK))
+        tdPrdO = wg_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
+        tdPrV = wg_sdp.make_fragment_B(wg_sdp.partition_B(sV))
+        tdVrdOt = wg_dkv.make_fragment_A(wg_dkv.partition_A(_transposed(sdO)))
+        tdVrPt = wg_dkv.make_fragment_B(wg_dkv.partition_B(_transposed(sP)))
+        tdKrQt = wg_dkv.make_fragment_A(wg_dkv.partition_A(_transposed(sQ)))
+        tdKrdSt = wg_dkv.make_fragment_B(wg_dkv.partition_B(_transposed(sdS)))
+        # dQ: A = dS over the keys this warpgroup adds (all, or its half), B = those keys of
+        # K^T, one 64-column chunk of it per pass.
+        sKt = _transposed(sK)  # (dim, keys)
+        if cutlass.const_expr(self.split_dim):
+            sdS_dq = sdS
+            sKt_dq = sKt
+        else:
+            sdS_dq = cute.local_tile(sdS, (self.tile_m, keys_per_wg), (0, wg_idx))
+            sKt_dq = cute.local_tile(sKt, (self.head_dim, keys_per_wg), (0, wg_idx))
+        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS_dq))
+        tdQsdQ = thr_dq.partition_C(sdQ[None, (None, wg_idx)])
+
+        acc_dKt = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kvt), Float32)
+        acc_dVt = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kvt), Float32)
+        acc_dKt.fill(0.0)
+        acc_dVt.fill(0.0)
+        s_coords = tile_coords(thr_sdp, tile_s)
+        num_rows = cute.size(s_coords, mode=[0])
+        tPsP, tdSsdS = thr_sdp.partition_C(sP), thr_sdp.partition_C(sdS)
+        # Keys past seqlen_k exist only in the last key tile.
+        tile_past_seqlen_k = (n_block + 1) * self.tile_n > seqlen.seqlen_k
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipeline_kv.consumer_wait(kv_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
+            head, m_block = self.step_tile(step, **steps)
+
+            # 1. S = Q K^T, dP = dO V^T; lse of this thread's rows read while they run.
+            pipeline_q.consumer_wait(state, pipeline_q.consumer_try_wait(state))
+            acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_s), Float32)
+            gemm(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK,
+                 zero_init=True, wait_groups=-1)
+            row_lse = cute.make_rmem_tensor(num_rows, Float32)
+            for r in cutlass.range_constexpr(num_rows):
+                row_lse[r] = sLSE[s_coords[r, 0][0], state.index]
+            pipeline_do.consumer_wait(state, pipeline_do.consumer_try_wait(state))
+            acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_s), Float32)
+            gemm(tiled_mma_sdp, acc_dP, tdPrdO[None, None, None, state.index], tdPrV,
+                 zero_init=True, wait_groups=1)
+
+            # 2. mask (only tiles that hold a hidden key), P from the forward's lse
+            needs_mask = tile_past_seqlen_k
+            if cutlass.const_expr(self.causal):
+                # The tile's last key against its first query's diagonal.
+                needs_mask = needs_mask | (
+                    (n_block + 1) * self.tile_n - 1
+                    > m_block * self.tile_m + seqlen.seqlen_k - seqlen.seqlen_q
+                )
+            if needs_mask:
+                mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
+                mask.apply(acc_S, thr_sdp, m_block, n_block, mask_seqlen=True,
+                           mask_causal=self.causal)
+            scores = acc_as_rows_cols(acc_S)
+            for r in cutlass.range_constexpr(num_rows):
+                for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
+                    scores[r, c] = cute.math.exp2(
+                        scores[r, c] * scale_log2 - row_lse[r], fastmath=True
+                    )
+            rP = cute.make_fragment_like(acc_S, self.dtype)
+            convert_packed(acc_S, rP)
+            # The buffers are single: every GEMM of the last step that read them is done
+            # (each thread waited for its own before this barrier).
+            cute.arch.barrier(barrier_id=pds_free, number_of_threads=pds_threads)
+            self.store_pds(rP, tPsP, tiled_mma_sdp, sP, tidx)
+
+            # 3. dS = P (dP - dpsum)
+            row_dpsum = cute.make_rmem_tensor(num_rows, Float32)
+            for r in cutlass.range_constexpr(num_rows):
+                row_dpsum[r] = sDpsum[s_coords[r, 0][0], state.index]
+            warpgroup.wait_group(0)
+            dscores = acc_as_rows_cols(acc_dP)
+            for r in cutlass.range_constexpr(num_rows):
+                for c in cutlass.range_constexpr(cute.size(dscores, mode=[1])):
+                    dscores[r, c] = scores[r, c] * (dscores[r, c] - row_dpsum[r])
+            rdS = cute.make_fragment_like(acc_dP, self.dtype)
+            convert_packed(acc_dP, rdS)
+            self.store_pds(rdS, tdSsdS, tiled_mma_sdp, sdS, tidx)
+            # Generic-proxy writes must be visible to WGMMA (async proxy) before it reads them.
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=pds_ready, number_of_threads=pds_threads)
+
+            # 4. dV^T += dO^T P, dK^T += Q^T dS
+            gemm(tiled_mma_dkv, acc_dVt, tdVrdOt[None, None, None, state.index], tdVrPt,
+                 zero_init=False, wait_groups=-1)
+            gemm(tiled_mma_dkv, acc_dKt, tdKrQt[None, None, None, state.index], tdKrdSt,
+                 zero_init=False, wait_groups=-1)
+
+            # 5. dQ, a 64-column chunk per pass, each handed to warp 1 as it completes.
+            for dq_pass in cutlass.range_constexpr(self.dq_passes):
+                chunk = self.dq_chunk(wg_idx, dq_pass)
+                sKt_chunk = cute.local_tile(
+                    sKt_dq, (DQ_CHUNK_COLS, cute.size(sKt_dq, mode=[1])), (chunk, 0)
+                )
+                tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(sKt_chunk))
+                acc_dQ = cute.make_rmem_tensor(
+                    thr_dq.partition_shape_C((self.tile_m, DQ_CHUNK_COLS)), Float32
+                )
+                gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrK, zero_init=True, wait_groups=0)
+                if cutlass.const_expr(dq_pass == 0):
+                    # dV and dK (issued before) are done: Q and dO of this stage are free.
+                    pipeline_do.consumer_release(state)
+                    pipeline_q.consumer_release(state)
+                self.hand_over_dq(acc_dQ, tdQsdQ, wg_idx)
+            state.advance()
+
+        # ---- Epilogue: dK, dV from the transposed accumulators, keys past seqlen_k skipped --
+        for i in cutlass.range_constexpr(cute.size(acc_dKt)):
+            acc_dKt[i] = acc_dKt[i] * softmax_scale
+        kvt_coords = tile_coords(thr_dkv, tile_kvt)
+        keys_left = seqlen.seqlen_k - n_block * self.tile_n
+        for acc, mgrad in ((acc_dKt, mdK), (acc_dVt, mdV)):
+            gX = cute.local_tile(
+                mgrad[batch, None, steps["head_kv"], None], (self.tile_n, self.head_dim),
+                (n_block, 0),
+            )
+            values = acc_as_rows_cols(acc)
+            for c in cutlass.range_constexpr(cute.size(values, mode=[1])):
+                key = kvt_coords[0, c][1]
+                if key < keys_left:
+                    for r in cutlass.range_constexpr(cute.size(values, mode=[0])):
+                        gX[key, kvt_coords[r, c][0]] = values[r, c].to(self.dtype)
+
+    @cute.jit
+    def store_pds(self, values, dst_partition, tiled_mma_sdp, buffer, tidx: Int32):
+        """P or dS (bf16, the S accumulator's layout) to its buffer: stmatrix where a
+        warpgroup's keys are whole pairs of 8x8 matrices (d192: 32), else 32-bit stores of
+        the accumulator's column pairs (d256: 24 keys)."""
+        if cutlass.const_expr((self.tile_n // NUM_CONSUMER_WGS) % 16 == 0):
+            stmatrix = cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+            )
+            store = cute.make_tiled_copy_C(stmatrix, tiled_mma_sdp).get_slice(tidx)
+            cute.copy(stmatrix, store.retile(values), store.partition_D(buffer))
+        else:
+            cute.autovec_copy(values, dst_partition)
