@@ -1,15 +1,50 @@
 """Turn counters for the deterministic backward: the key tiles that add to one query tile's
-dq do so in key-tile order.
+dq do so in a fixed order.
 
 One int32 counter per (batch, query head, query tile), zeroed before the launch. The key tiles
-that visit a query tile are always 0 .. N (causal or not, a query tile seen by key tile n is
-seen by every key tile before it), so key tile n waits until the counter holds n, adds, and
-stores n + 1. Waiting never deadlocks: the CTAs of lower key tiles of the same head and batch
-were dispatched first (key tiles are the fastest grid dimension).
+that visit query tile m are always 0 .. n_block_max(m) - 1 (a query tile seen by key tile n is
+seen by every key tile before it). A key tile waits until the counter holds its turn, adds, and
+stores turn + 1.
+
+- Not causal: the turn of key tile n is n (every key tile visits every query tile, from the
+  first one).
+- Causal: the turns descend, n_block_max(m) - 1 - n. Key tile n visits query tiles from the
+  diagonal's down; ascending turns would hold it back n steps at its first query tile (key tile
+  0 reaches it only at its own step n), so every CTA would take as long as key tile 0's. In
+  descending order a key tile's first query tile is its own first turn and each later one waits
+  on key tile n + 1, which is a step ahead.
+
+Waiting never deadlocks as long as the key tile that goes first at a query tile was dispatched
+first: ``key_tile_of_block`` maps the grid's fastest dimension to key tiles in turn order (the
+CTAs of one head and batch are dispatched in that order).
 """
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+
+from cuteattn.kernels.common.block_info import BlockInfo
+from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+
+
+@cute.jit
+def key_tile_of_block(block: Int32, num_blocks: Int32, descending: cutlass.Constexpr[bool]):
+    """The key tile of CTA ``block`` (grid dimension x): the last key tiles first when the turns
+    descend, so that a turn's holder is always dispatched before its waiters."""
+    key_tile = block
+    if cutlass.const_expr(descending):
+        key_tile = num_blocks - 1 - block
+    return key_tile
+
+
+@cute.jit
+def turn_of(block_info: BlockInfo, seqlen: SeqlenInfo, m_block: Int32, n_block: Int32):
+    """Key tile ``n_block``'s turn at query tile ``m_block`` (see the module docstring)."""
+    turn = n_block
+    if cutlass.const_expr(block_info.causal):
+        _, n_block_max = block_info.n_block_min_max(seqlen, m_block)
+        turn = n_block_max - 1 - n_block
+    return turn
 
 
 @cute.jit
@@ -23,6 +58,6 @@ def wait_for_turn(counter: cute.Pointer, turn: Int32):
 
 @cute.jit
 def pass_turn(counter: cute.Pointer, turn: Int32):
-    """Hand the query tile to key tile ``turn + 1`` (release: this thread's additions, and those
-    it has synchronised with, are visible first). Called by one thread."""
+    """Hand the query tile to the next turn (release: this thread's additions, and those it has
+    synchronised with, are visible first). Called by one thread."""
     cute.arch.store(counter, turn + 1, sem="release", scope="gpu")

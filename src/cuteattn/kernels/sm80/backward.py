@@ -24,12 +24,10 @@ need no atomics and no expanded buffers for dK, dV). For each (query head, m_blo
      (swizzled) and out row by row, a warp's 32 atomics on 128 contiguous bytes; other head
      dims add from the registers before 7., so that the atomics drain under its MMAs.
      Deterministic: the
-     key tiles of a KV head add to one query tile in n_block order, each waiting on a
-     per-(batch, head, m_block) counter (``semaphore``, zeroed) for its turn, so every dq
-     element sums its terms in one fixed order. Every lower key tile contributes to the
-     query tiles a key tile visits (causal: the first visible query tile only moves down as
-     n_block grows), so the turn of key tile n is n; lower key tiles are launched first and
-     never wait on higher ones, so the waits end;
+     key tiles of a KV head add to one query tile in a fixed order, each waiting on a
+     per-(batch, head, m_block) counter (``semaphore``, zeroed) for its turn
+     (``kernels/common/turns.py``: ascending key tiles, descending when causal, and the CTAs
+     dispatched in turn order so that the waits end);
   7. dK += dS^T Q (where not done before 6.).
 Then dK *= softmax_scale, and dK, dV go through shared memory (K's and V's buffers) to 128-bit
 global stores; rows past seqlen_k are not written. Key tiles no query row can see (causal,
@@ -203,7 +201,10 @@ class FlashBackwardSm80(AttentionKernel):
         SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head_kv, batch = cute.arch.block_idx()
+        block, head_kv, batch = cute.arch.block_idx()
+        n_block = turns.key_tile_of_block(
+            block, cute.arch.grid_dim()[0], descending=self.deterministic and self.causal
+        )
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
         tile_mn = (self.tile_m, self.tile_n)
@@ -391,7 +392,8 @@ class FlashBackwardSm80(AttentionKernel):
                 cute.autovec_copy(acc_dQ, tdQsdQ)
                 cute.arch.barrier()
                 self.add_dq(
-                    sdQ, mdQaccum, mSemaphore, batch, head, m_block, n_block, tidx,
+                    sdQ, mdQaccum, mSemaphore, batch, head, m_block,
+                    turns.turn_of(block_info, seqlen, m_block, n_block), tidx,
                     coalesced=True,
                 )
             else:
@@ -401,7 +403,8 @@ class FlashBackwardSm80(AttentionKernel):
                 acc_dQ.fill(0.0)
                 gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
                 self.add_dq(
-                    acc_dQ, mdQaccum, mSemaphore, batch, head, m_block, n_block, tidx,
+                    acc_dQ, mdQaccum, mSemaphore, batch, head, m_block,
+                    turns.turn_of(block_info, seqlen, m_block, n_block), tidx,
                     coalesced=False, thr_dq=thr_dq,
                 )
                 gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
@@ -464,18 +467,18 @@ class FlashBackwardSm80(AttentionKernel):
 
     @cute.jit
     def add_dq(
-        self, values, mdQaccum, mSemaphore, batch, head, m_block, n_block, tidx,
+        self, values, mdQaccum, mSemaphore, batch, head, m_block, turn, tidx,
         coalesced: cutlass.Constexpr[bool], thr_dq=None,
     ):
-        """dQ of this step into dq_accum with fp32 atomics (red.global.add), in key-tile order
-        when deterministic. ``coalesced``: ``values`` is the staged (tile_m, dim) tile in shared
+        """dQ of this step into dq_accum with fp32 atomics (red.global.add), at this key tile's
+        ``turn`` at the query tile when deterministic. ``coalesced``: ``values`` is the staged (tile_m, dim) tile in shared
         memory, read row by row so that a warp's 32 atomics cover 128 contiguous bytes; else
         the thread's accumulator fragment (8 rows x 16 bytes per warp instruction)."""
         tile_q = (self.tile_m, self.head_dim)
         gdQ = cute.local_tile(mdQaccum[batch, head, 0, None, None], tile_q, (m_block, 0))
         if cutlass.const_expr(self.deterministic):
-            turn = mSemaphore[batch, head, None].iterator + m_block
-            self.wait_for_turn(turn, n_block, tidx)
+            counter = mSemaphore[batch, head, None].iterator + m_block
+            self.wait_for_turn(counter, turn, tidx)
         if cutlass.const_expr(coalesced):
             # A runtime loop: unrolled, ptxas hoists every iteration's 64-bit address (spills).
             for i in cutlass.range(self.tile_m * self.head_dim // self.num_threads, unroll=4):
@@ -491,7 +494,7 @@ class FlashBackwardSm80(AttentionKernel):
                     tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), values[i]
                 )
         if cutlass.const_expr(self.deterministic):
-            self.pass_turn(turn, n_block, tidx)
+            self.pass_turn(counter, turn, tidx)
 
     @cute.jit
     def wait_for_turn(self, counter: cute.Pointer, turn: Int32, tidx: Int32):
@@ -502,7 +505,7 @@ class FlashBackwardSm80(AttentionKernel):
 
     @cute.jit
     def pass_turn(self, counter: cute.Pointer, turn: Int32, tidx: Int32):
-        """Publish this CTA's dq additions, then hand the query tile to key tile turn + 1."""
+        """Publish this CTA's dq additions, then hand the query tile to the next turn."""
         cute.arch.fence_acq_rel_gpu()
         cute.arch.barrier()
         if tidx == 0:

@@ -34,8 +34,9 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
     Then dK *= softmax_scale; dK and dV go through K's and V's buffers (stmatrix) to global
     memory by TMA, which clips the rows past seqlen_k.
 
-Deterministic (``deterministic=True``): warp 1 adds a query tile's dQ in key-tile order
-(``kernels/common/turns.py``), waiting for each step's additions to complete.
+Deterministic (``deterministic=True``): warp 1 adds a query tile's dQ in a fixed key-tile
+order (``kernels/common/turns.py``; causal: descending, the last key tiles dispatched first),
+waiting for each step's additions to complete.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
 tile_m 64, tile_n 128 (two consumer warpgroups), Q / dO stages 2.
@@ -54,6 +55,7 @@ from cutlass.experimental import primitives as prims
 from cutlass.utils import LayoutEnum
 
 from cuteattn.kernels.common import turns
+from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
@@ -298,7 +300,10 @@ class FlashBackwardSm90(AttentionKernel):
         SharedStorage: cutlass.Constexpr,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        n_block, head_kv, batch = cute.arch.block_idx()
+        block, head_kv, batch = cute.arch.block_idx()
+        n_block = turns.key_tile_of_block(
+            block, cute.arch.grid_dim()[0], descending=self.deterministic and self.causal
+        )
         if warp_idx == 0:
             for atom in (
                 tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv
@@ -325,12 +330,8 @@ class FlashBackwardSm90(AttentionKernel):
 
         seqlen = SeqlenInfo.fixed(mQ, mK)
         group = mQ.shape[2] // mK.shape[2]
-        m_block_min = Int32(0)
-        if cutlass.const_expr(self.causal):
-            # Query row i sees key j iff j <= i + seqlen_k - seqlen_q: the first row that sees
-            # this key tile.
-            first_row = n_block * self.tile_n - seqlen.seqlen_k + seqlen.seqlen_q
-            m_block_min = cutlass.max(first_row, 0) // self.tile_m
+        block_info = BlockInfo(tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        m_block_min = block_info.m_block_min(seqlen, n_block)
         num_m_blocks = cutlass.max(cute.ceil_div(seqlen.seqlen_q, self.tile_m) - m_block_min, 0)
         steps = dict(
             head_kv=head_kv, group=group, m_block_min=m_block_min, num_m_blocks=num_m_blocks
@@ -345,7 +346,9 @@ class FlashBackwardSm90(AttentionKernel):
                     n_block, batch, steps,
                 )
             elif warp_idx == DQ_WRITER_WARP:
-                self.add_dq(mdQaccum, mSemaphore, sdQ, n_block, batch, steps)
+                self.add_dq(
+                    mdQaccum, mSemaphore, sdQ, block_info, seqlen, n_block, batch, steps
+                )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             dkv_out = dict(tdK=tdK, tdV=tdV, tma_atom_dk=tma_atom_dk, tma_atom_dv=tma_atom_dv)
@@ -419,12 +422,12 @@ class FlashBackwardSm90(AttentionKernel):
     @cute.jit
     def add_dq(
         self, mdQaccum: cute.Tensor, mSemaphore: cute.Tensor | None, sdQ: cute.Tensor,
-        n_block: Int32, batch: Int32, steps: dict,
+        block_info: BlockInfo, seqlen: SeqlenInfo, n_block: Int32, batch: Int32, steps: dict,
     ):
         """Per step and consumer warpgroup: hand its dQ buffer back once the previous reduction
         has read it, wait until it is full, add it to its block of dq_accum.
 
-        Deterministic: the additions to a query tile happen in key-tile order (``turns``), and
+        Deterministic: the additions to a query tile happen in turn order (``turns``), and
         where both warpgroups add to the same block (split by keys) the first one's addition
         completes before the second is issued.
         """
@@ -445,8 +448,9 @@ class FlashBackwardSm90(AttentionKernel):
                 if cutlass.const_expr(self.deterministic and dq_pass == 0):
                     # The consumers fill their buffers meanwhile.
                     counter = mSemaphore[batch, head, None].iterator + m_block
+                    turn = turns.turn_of(block_info, seqlen, m_block, n_block)
                     if lane == 0:
-                        turns.wait_for_turn(counter, n_block)
+                        turns.wait_for_turn(counter, turn)
                     cute.arch.sync_warp()
                 for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
                     chunk = self.dq_chunk(wg, dq_pass)
@@ -475,7 +479,7 @@ class FlashBackwardSm90(AttentionKernel):
                 # The elected lane that issued them need not be lane 0.
                 cute.arch.sync_warp()
                 if lane == 0:
-                    turns.pass_turn(counter, n_block)
+                    turns.pass_turn(counter, turn)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---- Consumers ----------------------------------------------------------------------------
