@@ -42,6 +42,14 @@ Masking (per sequence, 0-based row ``i`` and column ``j``, ``shift = seqlen_k - 
     forced to ``0`` (so ``causal=True, window_size=(left, None)`` is window ``(left, 0)``).
     A query row that sees no key gets ``out = 0`` and ``lse = -inf`` (never NaN).
 
+Learnable sink (``learnable_sink``, float ``(heads_q,)``; gpt-oss, FlashAttention-4)
+    One extra logit ``sink[h]`` per query head, in the units of the (scaled, soft-capped)
+    scores, joins every row's softmax denominator and has no value row:
+    ``out = sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sink))`` and
+    ``lse = log(sum_j exp(s_j) + exp(sink))``. It is never masked: a row that sees no key gets
+    ``out = 0`` and ``lse = sink[h]``. Its gradient is
+    ``dsink[h] = -sum_rows exp(sink[h] - lse) * rowsum(dout * out)`` (autograd gives it here).
+
 Precision
     ``upcast=True`` (default): ``q``, ``k``, ``v`` are converted to float32 and every step
     (both matmuls, scaling, softcap, softmax) runs in float32. ``out`` is float32.
@@ -149,8 +157,9 @@ def _attend_one(
     right: Optional[int],
     softcap: float,
     upcast: bool,
+    sink: Optional[torch.Tensor] = None,
 ):
-    """One sequence. q (sq, hq, d), k (sk, hkv, d), v (sk, hkv, dv).
+    """One sequence. q (sq, hq, d), k (sk, hkv, d), v (sk, hkv, dv); sink float32 (hq,).
 
     Returns out (sq, hq, dv) in the compute dtype and lse (hq, sq) in float32.
     """
@@ -159,12 +168,17 @@ def _attend_one(
     dv = v.shape[-1]
     group = hq // hkv
     cdtype = torch.float32 if upcast else q.dtype
-    if sk == 0:  # no key at all: every row is empty
+    if sk == 0:  # no key at all: every row is empty (its lse is the sink, if any)
         out = torch.zeros(sq, hq, dv, dtype=cdtype, device=q.device)
         lse = torch.full((hq, sq), float("-inf"), dtype=torch.float32, device=q.device)
+        if sink is not None:
+            lse = sink.unsqueeze(1).expand(hq, sq).clone()
         return out, lse
     # In-place updates of the score matrix save memory, but would break autograd.
-    inplace = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    inplace = not (
+        torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in (q, k, v, sink))
+    )
 
     # (hkv, group, sq, d): query head h = kv_head * group + g  <=>  kv_head = h // group
     qh = q.to(cdtype).reshape(sq, hkv, group, d).permute(1, 2, 0, 3)
@@ -184,10 +198,16 @@ def _attend_one(
     # Softmax with the row max as shift; a row with no visible key has max -inf, shift 0,
     # all exp() == 0, sum 0, lse = log(0) = -inf and probabilities 0 (denominator set to 1).
     row_max = s.detach().amax(dim=-1, keepdim=True)
+    sink_logit = None
+    if sink is not None:
+        sink_logit = sink.reshape(hkv, group, 1, 1)  # query head h = kv_head * group + g
+        row_max = torch.maximum(row_max, sink_logit.detach())
     row_max = row_max.masked_fill(torch.isneginf(row_max), 0.0)
     p = s.sub_(row_max).exp_() if inplace else torch.exp(s - row_max)
     del s
     denom = p.sum(dim=-1, keepdim=True)
+    if sink_logit is not None:
+        denom = denom + torch.exp(sink_logit - row_max)
     lse = (torch.log(denom) + row_max).squeeze(-1)  # (hkv, group, sq)
     denom = denom.masked_fill(denom == 0, 1.0)
     p = p.div_(denom) if inplace else p / denom
@@ -224,6 +244,7 @@ def attention(
     cu_seqlens_k: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
     upcast: bool = True,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     """Reference attention; returns ``(out, lse)``. See the module docstring for conventions.
 
@@ -237,6 +258,8 @@ def attention(
         cu_seqlens_q, cu_seqlens_k: int tensors of length ``batch + 1`` (both or neither).
         seqused_k: int tensor ``(batch,)``; sequence ``b`` uses its first ``seqused_k[b]`` keys.
         upcast: compute in float32 (True) or in the input dtype (False); see module docstring.
+        learnable_sink: float ``(heads_q,)``, one extra softmax logit per query head (module
+            docstring); differentiable.
 
     Returns:
         ``out``: ``(batch, seqlen_q, heads_q, dim_v)`` (varlen: ``(total_q, heads_q, dim_v)``),
@@ -291,6 +314,16 @@ def attention(
 
     device = q.device
     out_dtype = torch.float32 if upcast else q.dtype
+    sink = None
+    if learnable_sink is not None:
+        if not isinstance(learnable_sink, torch.Tensor) or not learnable_sink.dtype.is_floating_point:
+            raise ValueError("learnable_sink must be a floating-point tensor of shape (heads_q,)")
+        if tuple(learnable_sink.shape) != (heads_q,):
+            raise ValueError(
+                f"learnable_sink must have shape ({heads_q},) (heads_q), "
+                f"got {tuple(learnable_sink.shape)}"
+            )
+        sink = learnable_sink.to(device=device, dtype=torch.float32)
 
     if varlen:
         cuq = _as_int_list(cu_seqlens_q, "cu_seqlens_q")
@@ -344,7 +377,7 @@ def attention(
             else:
                 kb, vb = k[b, k_lo:k_hi], v[b, k_lo:k_hi]
 
-            ob, lb = _attend_one(qb, kb, vb, scale, causal, left, right, softcap, upcast)
+            ob, lb = _attend_one(qb, kb, vb, scale, causal, left, right, softcap, upcast, sink)
             if varlen:
                 out[q_lo:q_hi] = ob
                 lse[:, q_lo:q_hi] = lb

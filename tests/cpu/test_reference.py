@@ -419,3 +419,104 @@ def test_validation_errors():
         attention(q, k[..., :8], v)  # head dim mismatch
     with pytest.raises(ValueError):
         attention(q, k, v, seqused_k=torch.tensor([9], dtype=torch.int32))  # more keys than exist
+
+
+# --------------------------------------------------------------------------------------------
+# learnable sink
+# --------------------------------------------------------------------------------------------
+
+
+def naive_sink_one(q, k, v, sink, scale=None, causal=False, left=None, right=None, softcap=0.0):
+    """One sequence with a learnable sink, float64: the sink is one more column of the score
+    matrix (never masked) whose value row is zero."""
+    q, k, v = q.double(), k.double(), v.double()
+    sq, hq, d = q.shape
+    sk, hk = k.shape[0], k.shape[1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    visible = _mask(sq, sk, causal, left, right)
+    out = torch.zeros(sq, hq, v.shape[2], dtype=torch.float64)
+    lse = torch.empty(hq, sq, dtype=torch.float64)
+    for h in range(hq):
+        kv_head = (h * hk) // hq
+        s = (q[:, h, :] @ k[:, kv_head, :].T) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        s = torch.where(visible, s, torch.full_like(s, NEG_INF))
+        s = torch.cat([s, sink[h].double().expand(sq, 1)], dim=1)
+        v_ext = torch.cat([v[:, kv_head, :], torch.zeros(1, v.shape[2], dtype=torch.float64)])
+        out[:, h, :] = torch.softmax(s, dim=1) @ v_ext
+        lse[h] = torch.logsumexp(s, dim=1)
+    return out, lse
+
+
+@pytest.mark.parametrize("hq,hk", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(37, 37), (45, 20)])
+def test_learnable_sink(hq, hk, causal, sq, sk):
+    q, k, v = make_qkv(2, sq, sk, hq, hk, 16, dv=8, seed=120)
+    sink = rand(hq, seed=121, scale=2.0)
+    out, lse = attention(q, k, v, causal=causal, softcap=4.0, learnable_sink=sink)
+    refs = [naive_sink_one(q[b], k[b], v[b], sink, causal=causal, softcap=4.0) for b in range(2)]
+    check(out, lse, torch.stack([r[0] for r in refs]), torch.stack([r[1] for r in refs]))
+
+
+def test_learnable_sink_rows_without_keys():
+    """A row that sees no key (causal, seqlen_q > seqlen_k; and seqlen_k 0) gets out = 0 and
+    lse = the sink; a very negative sink changes nothing else."""
+    q, k, v = make_qkv(1, 12, 5, 4, 4, 16, seed=122)
+    sink = rand(4, seed=123)
+    out, lse = attention(q, k, v, causal=True, learnable_sink=sink)
+    empty = torch.arange(12) < 12 - 5
+    assert torch.all(out[0, empty] == 0)
+    torch.testing.assert_close(lse[0][:, empty], sink.view(4, 1).expand(4, int(empty.sum())))
+    out0, lse0 = attention(q, k[:, :0], v[:, :0], learnable_sink=sink)
+    assert torch.all(out0 == 0)
+    torch.testing.assert_close(lse0[0], sink.view(4, 1).expand(4, 12))
+    far = torch.full((4,), -1e4)
+    out_far, lse_far = attention(q, k, v, causal=True, learnable_sink=far)
+    out_none, lse_none = attention(q, k, v, causal=True)
+    torch.testing.assert_close(out_far[0, ~empty], out_none[0, ~empty])
+    torch.testing.assert_close(lse_far[0][:, ~empty], lse_none[0][:, ~empty])
+
+
+def test_learnable_sink_varlen_matches_batched():
+    q, k, v = make_qkv(2, 16, 16, 4, 2, 16, seed=124)
+    sink = rand(4, seed=125)
+    out, lse = attention(q, k, v, causal=True, learnable_sink=sink)
+    cu = torch.tensor([0, 16, 32], dtype=torch.int32)
+    out_v, lse_v = attention(
+        q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), causal=True,
+        cu_seqlens_q=cu, cu_seqlens_k=cu, learnable_sink=sink,
+    )
+    torch.testing.assert_close(out_v, out.flatten(0, 1))
+    torch.testing.assert_close(lse_v, lse.permute(1, 0, 2).flatten(1, 2))
+
+
+def test_learnable_sink_gradient_formula():
+    """Autograd through the reference gives dsink = -sum_rows exp(sink - lse) * rowsum(dO * O),
+    the formula the backward kernels use; dq, dk, dv match the float64 naive version."""
+    q, k, v = make_qkv(2, 20, 24, 4, 2, 16, seed=126)
+    sink = rand(4, seed=127).requires_grad_()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dout = rand(2, 20, 4, 16, seed=128)
+    out, lse = attention(*leaves, causal=True, learnable_sink=sink)
+    (out * dout).sum().backward()
+    dpsum = (dout * out.detach()).sum(-1).permute(0, 2, 1)  # (batch, heads, seqlen_q)
+    expected = -(torch.exp(sink.detach().view(1, 4, 1) - lse.detach()) * dpsum).sum(dim=(0, 2))
+    torch.testing.assert_close(sink.grad, expected, atol=1e-5, rtol=1e-5)
+    leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = torch.stack(
+        [naive_sink_one(*(t[b] for t in leaves64), sink.detach(), causal=True)[0] for b in range(2)]
+    )
+    (ref * dout.double()).sum().backward()
+    for a, b in zip(leaves, leaves64):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=5e-5, rtol=5e-5)
+
+
+def test_learnable_sink_validation():
+    q, k, v = make_qkv(1, 8, 8, 4, 2, 16, seed=0)
+    with pytest.raises(ValueError, match="heads_q"):
+        attention(q, k, v, learnable_sink=torch.zeros(2))
+    with pytest.raises(ValueError, match="floating-point"):
+        attention(q, k, v, learnable_sink=torch.zeros(4, dtype=torch.int32))
