@@ -175,7 +175,7 @@ def forward(
         validate.check_out_memory(out, q, k, v)
         out.copy_(result)
         return out, lse
-    if plan is not None:
+    if plan is not None and not ops.has_no_work(q, k):
         # A KernelPlan cannot cross the op's schema: an explicit plan is launched directly.
         check_plan(plan, ops.forward_problem(q, k, v, causal=causal))
         out = _out_or_new(out, q, v)
@@ -233,6 +233,8 @@ def backward(
         softmax_scale = q.shape[-1] ** -0.5
     softmax_scale = float(softmax_scale)
     buffers = dict(dq=dq, dk=dk, dv=dv)
+    if ops.has_no_work(q, k):
+        return ops.backward_without_kernel(q, k, v, **buffers)
     if plan is None and all(x is None for x in buffers.values()):
         return ops.backward(
             dout, q, k, v, out, lse, softmax_scale, causal, family, deterministic

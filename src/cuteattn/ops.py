@@ -75,6 +75,18 @@ def empty_lse(q: torch.Tensor) -> torch.Tensor:
     return torch.empty(lse_shape(q), dtype=torch.float32, device=q.device)
 
 
+def has_no_work(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """No query row (batch 0 or seqlen_q 0) or no key (seqlen_k 0): flash-attn's results need
+    no kernel (empty outputs; where no key: out = 0, lse = -inf, and zero gradients)."""
+    return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
+
+
+def forward_without_kernel(q: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The forward of a problem with no work (``has_no_work``): out = 0; returns lse = -inf."""
+    out.zero_()
+    return empty_lse(q).fill_(float("-inf"))
+
+
 def forward_problem(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, deterministic: bool = False
 ) -> Problem:
@@ -108,6 +120,8 @@ def launch_forward(
 
     q, k, v and out must be kernel-addressable (``validate.kernel_ready``, ``check_out_memory``).
     """
+    if has_no_work(q, k):
+        return forward_without_kernel(q, out)
     with torch.cuda.device(q.device):
         lse = empty_lse(q)
         kernel = compile_forward(plan)
@@ -127,6 +141,8 @@ def forward(
 ) -> torch.Tensor:
     """Attention of validated q, k, v into ``out``; returns lse. See the module docstring."""
     validate.check_out_memory(out, q, k, v)
+    if has_no_work(q, k):
+        return forward_without_kernel(q, out)
     q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
     plan = plan_forward(forward_problem(q, k, v, causal=causal), family=family)
     return launch_forward(q, k, v, out, softmax_scale, plan)
@@ -152,8 +168,10 @@ def attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of validated q, k, v in new tensors; differentiable in q, k, v (with a
     bitwise reproducible backward when ``deterministic``)."""
-    q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
     out = torch.empty(out_shape(q, v), dtype=q.dtype, device=q.device)
+    if has_no_work(q, k):
+        return out, forward_without_kernel(q, out)
+    q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
     plan = plan_forward(forward_problem(q, k, v, causal=causal), family=family)
     return out, launch_forward(q, k, v, out, softmax_scale, plan)
 
@@ -185,6 +203,8 @@ def launch_backward(
     both padded to whole query tiles), the plan's kernel (dk, dv; dS K accumulated in fp32),
     and the postprocess dq = softmax_scale * accumulator in dq's dtype (one PyTorch op).
     """
+    if has_no_work(q, k):
+        return backward_without_kernel(q, k, v, dq=dq, dk=dk, dv=dv)
     with torch.cuda.device(q.device):
         batch, seqlen_q, heads_q, dim = q.shape
         rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
@@ -210,6 +230,15 @@ def launch_backward(
             dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dq_from_accum(dq_accum, softmax_scale, dq)
     return dq, dk, dv
+
+
+def backward_without_kernel(q, k, v, *, dq=None, dk=None, dv=None):
+    """The backward of a problem with no work (``has_no_work``): zero gradients, in the given
+    buffers or new ones."""
+    grads = []
+    for x, buffer in ((q, dq), (k, dk), (v, dv)):
+        grads.append(torch.zeros_like(x) if buffer is None else buffer.zero_())
+    return tuple(grads)
 
 
 def new_dq_accum(q: torch.Tensor, rows: int, chunks: int, row_pad: int) -> torch.Tensor:
@@ -256,6 +285,8 @@ def backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention(q, k, v) for the output gradient ``dout``; bitwise
     reproducible when ``deterministic``."""
+    if has_no_work(q, k):
+        return backward_without_kernel(q, k, v)
     dout, q, k, v = (validate.kernel_ready(x) for x in (dout, q, k, v))
     problem = forward_problem(q, k, v, causal=causal, deterministic=deterministic)
     plan = plan_backward(problem, family=backward_family(family))

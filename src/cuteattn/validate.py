@@ -156,10 +156,6 @@ def check_forward(q, k, v, out=None):
             f"v must match k in (batch, seqlen_k, heads_kv) {tuple(k.shape[:3])}, "
             f"got {tuple(v.shape[:3])}"
         )
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    if seqlen_q < 1 or seqlen_k < 1:
-        raise ValueError(f"seqlen_q and seqlen_k must be >= 1, got {seqlen_q} and {seqlen_k}")
     if heads_q < 1 or heads_kv < 1 or heads_q % heads_kv != 0:
         raise ValueError(
             f"heads of q ({heads_q}) must be a positive multiple of heads of k/v ({heads_kv})"

@@ -105,9 +105,15 @@ def test_v_shape_differs_from_k():
         call(q, k, v[:, :-1])
 
 
-def test_empty_sequence():
-    q, k, v = qkv(seqlen_k=0)
-    with pytest.raises(ValueError, match=r"seqlen_q and seqlen_k must be >= 1"):
+@pytest.mark.parametrize(
+    "shape", [dict(batch=0), dict(seqlen_q=0), dict(seqlen_k=0)], ids=["batch0", "sq0", "sk0"]
+)
+def test_empty_inputs_pass_the_structural_checks(shape):
+    """Empty inputs are valid (flash-attn's behaviour; the results need no kernel: see
+    tests/cpu/test_empty_inputs.py); only the device rule stops CPU tensors."""
+    q, k, v = qkv(**shape)
+    validate.check_forward(q, k, v)
+    with pytest.raises(ValueError, match=r"must be on a CUDA device"):
         call(q, k, v)
 
 
@@ -225,12 +231,11 @@ def test_softmax_scale_must_be_a_number():
         call(q, k, v, softmax_scale="0.1")
 
 
-@pytest.mark.parametrize("which", ["batch", "seqlen_q", "heads_kv"])
-def test_empty_dims(which):
-    sizes = {"batch": 2, "seqlen_q": 16, "heads_kv": 2, "heads_q": 4}
-    sizes[which] = 0
-    q, k, v = qkv(**sizes)
-    with pytest.raises(ValueError, match=rf"({which[:5]}|seqlen_q and seqlen_k|heads of q).*"):
+def test_zero_heads():
+    """Empty batches and sequences are valid (test_empty_inputs_pass_the_structural_checks);
+    zero heads are not (flash-attn has no such call)."""
+    q, k, v = qkv(heads_kv=0)
+    with pytest.raises(ValueError, match=r"heads of q"):
         call(q, k, v)
 
 
