@@ -1,6 +1,6 @@
 """Empty inputs (flash-attn's behaviour): batch 0 or seqlen_q 0 give empty outputs; seqlen_k 0
 gives out = 0, lse = -inf and zero gradients; none launches a kernel. The no-kernel results are
-plain torch and run here on CPU tensors; tests/gpu/test_empty_inputs.py runs the public API."""
+plain torch and run here on CPU tensors; tests/gpu/test_empty_inputs_gpu.py runs the public API."""
 
 import pytest
 import torch
