@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU tests, logged under $OUT (or /tmp), a summary line per group.
 #
-#   source .devdeps/prelude.sh && scripts/gpu_suite.sh features   # softcap, sink, window, varlen, empty inputs
+#   source .devdeps/prelude.sh && scripts/gpu_suite.sh features   # softcap, sink, window, varlen, empty inputs, head dims
 #   scripts/gpu_suite.sh forward | backward | all
 #
 # Each group runs under its own time limit (GROUP_TIMEOUT seconds, default 540) so that one
@@ -17,12 +17,13 @@ declare -A SUITES=(
   [window]="tests/gpu/test_window.py"
   [varlen]="tests/gpu/test_varlen_gpu.py"
   [empty]="tests/gpu/test_empty_inputs_gpu.py"
+  [headdim]="tests/gpu/test_head_dims.py"
   [forward]="tests/gpu/test_forward.py tests/gpu/test_forward_robustness.py tests/gpu/test_long_context.py tests/gpu/test_pack_gqa.py"
   [backward]="tests/gpu/test_backward.py"
 )
 case "${1:-features}" in
-  features) names="softcap sink window varlen empty" ;;
-  all) names="forward backward softcap sink window varlen empty" ;;
+  features) names="softcap sink window varlen empty headdim" ;;
+  all) names="forward backward softcap sink window varlen empty headdim" ;;
   *) names="$*" ;;
 esac
 
