@@ -491,9 +491,7 @@ class FlashBackwardSm90(AttentionKernel):
         scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
         batch: Int32, steps: dict,
     ):
-        tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
-        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
-        wg_tidx = tidx % THREADS_PER_WARPGROUP
+        tidx, wg_idx, wg_tidx = consumer_thread()
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
         # Shared-memory operands are partitioned per warpgroup (WGMMA reads them as a whole).
         wg_sdp = tiled_mma_sdp.get_slice(wg_idx * THREADS_PER_WARPGROUP)
@@ -706,6 +704,14 @@ class FlashBackwardSm90(AttentionKernel):
                     query = first_query + st_coords[r, c][1]
                     hidden = hidden | (key > query + seqlen.seqlen_k - seqlen.seqlen_q)
                 scores[r, c] = -Float32.inf if hidden else scores[r, c]
+
+
+def consumer_thread() -> tuple:
+    """This consumer thread's index among the consumers, its warpgroup (warp-uniform) and its
+    index in the warpgroup (the producer warpgroup comes first)."""
+    tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+    wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+    return tidx, wg_idx, tidx % THREADS_PER_WARPGROUP
 
 
 def as_accumulator(operand_a: cute.Tensor, acc: cute.Tensor) -> cute.Tensor:

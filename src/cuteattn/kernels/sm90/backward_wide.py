@@ -38,6 +38,7 @@ from cuteattn.kernels.sm90.backward import (
     NUM_CONSUMER_WGS,
     BackwardBarrier,
     FlashBackwardSm90,
+    consumer_thread,
 )
 from cuteattn.kernels.sm90.family import WIDE_BACKWARD_SPLIT_DIM
 from cuteattn.kernels.sm90.forward import _transposed
@@ -108,9 +109,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
         batch: Int32, steps: dict,
     ):
-        tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
-        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
-        wg_tidx = tidx % THREADS_PER_WARPGROUP
+        tidx, wg_idx, wg_tidx = consumer_thread()
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
         thr_dkv = tiled_mma_dkv.get_slice(tidx)
         thr_dq = tiled_mma_dq.get_slice(wg_tidx)
