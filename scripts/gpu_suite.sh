@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# One device call's worth of GPU tests, logged under $OUT (or /tmp), a summary line per group.
+# One device call's worth of GPU tests, logged under $OUT (or /tmp), a summary line per shard.
 #
 #   source .devdeps/prelude.sh && scripts/gpu_suite.sh features   # softcap, sink, window, varlen, empty inputs, head dims
-#   scripts/gpu_suite.sh forward | backward | all
+#   scripts/gpu_suite.sh forward | backward | all | <group> ...
 #
-# Each group runs under its own time limit (GROUP_TIMEOUT seconds, default 540) so that one
-# slow or hung group cannot take the whole call; the full log of each is $OUT/<group>.log.
+# Kernel compiles dominate a GPU test run and use one CPU core each, so each group runs as
+# several pytest processes at once, its shards: one per family (per direction where the ids
+# name no family) and "rest" for the tests no other shard selects. SHARDS=2 also splits by
+# dtype; SHARDS=0 runs each group as one process, one group after another. K (or K_<group>)
+# adds a -k expression. Each process runs under GROUP_TIMEOUT seconds (default 540) and is then
+# interrupted with SIGINT, so that pytest still prints which tests failed and why. The log of
+# each shard is <group>-<shard>.log in $OUT/gpu-logs.tgz; the summary prints the failures' first lines.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-/tmp}"
+out=$(mktemp -d)  # the logs, packed at the end into $OUT/gpu-logs.tgz (one file to carry back)
 limit="${GROUP_TIMEOUT:-540}"
+K="${K:-}"
 
 declare -A SUITES=(
   [softcap]="tests/gpu/test_softcap.py"
@@ -27,19 +33,70 @@ case "${1:-features}" in
   *) names="$*" ;;
 esac
 
-status=0
+shards_of() {  # group
+  local split=family
+  case $1 in varlen|headdim) split=direction ;; esac  # ids that name no family
+  case "${SHARDS:-1}:$split" in
+    0:*) echo "all" ;;
+    2:family) echo "sm90.bfloat16 sm90.float16 sm80.bfloat16 sm80.float16 rest" ;;
+    2:direction) echo "forward.bfloat16 forward.float16 backward.bfloat16 backward.float16 rest" ;;
+    *:family) echo "sm90 sm80 rest" ;;
+    *:direction) echo "forward backward rest" ;;
+  esac
+}
+
+expression_of() {  # shard: its -k expression ("." for " and ")
+  case $1 in
+    all|rest) echo "" ;;
+    *.float16) echo "${1%.*} and not bfloat16" ;;  # "float16" is in "bfloat16"
+    *) echo "${1/./ and }" ;;
+  esac
+}
+
+run_one() {  # group shard files...
+  local name=$1 shard=$2 select="" others="" other
+  shift 2
+  select=$(expression_of "$shard")
+  if [ "$shard" = rest ]; then
+    for other in $(shards_of "$name"); do
+      [ "$other" = rest ] || others="${others:+$others or }($(expression_of "$other"))"
+    done
+    select="not ($others)"
+  fi
+  local kvar="K_$name"
+  local extra="${!kvar:-$K}"
+  [ -n "$extra" ] && select="${select:+($select) and }($extra)"
+  timeout -s INT -k 30 "$limit" python -m pytest -m gpu -q -p no:cacheprovider --tb=short -rf \
+    ${select:+-k "$select"} "$@" > "$out/$name-$shard.log" 2>&1
+  echo "rc=$?" >> "$out/$name-$shard.log"
+}
+
 for name in $names; do
   files="${SUITES[$name]:-}"
   if [ -z "$files" ]; then echo "unknown group: $name" >&2; exit 2; fi
   existing=""
   for f in $files; do [ -e "$f" ] && existing="$existing $f"; done
   if [ -z "$existing" ]; then echo "$name: no test file here"; continue; fi
-  timeout "$limit" python -m pytest -m gpu -q -p no:cacheprovider --tb=short -rf $existing \
-    > "$out/$name.log" 2>&1
-  rc=$?
-  summary=$(grep -E "[0-9]+ (passed|failed|skipped|error)" "$out/$name.log" | tail -1)
-  echo "$name (rc=$rc): ${summary:-no summary (timed out?)}"
-  grep -E "^FAILED" "$out/$name.log" | head -5
-  [ $rc -eq 0 ] || status=1
+  for shard in $(shards_of "$name"); do
+    if [ "${SHARDS:-1}" = 0 ]; then run_one "$name" "$shard" $existing
+    else run_one "$name" "$shard" $existing & fi
+  done
 done
+wait
+
+status=0
+for name in $names; do
+  for shard in $(shards_of "$name"); do
+    log="$out/$name-$shard.log"
+    [ -e "$log" ] || continue
+    rc=$(tail -1 "$log" | sed -n 's/^rc=//p')
+    summary=$(grep -E "[0-9]+ (passed|failed|skipped|deselected|error)" "$log" | tail -1)
+    echo "$name/$shard (rc=$rc): ${summary:-no summary}"
+    grep -E "^FAILED" "$log" | head -8 | cut -c1-300
+    grep -E "^E +[A-Za-z.]*(Error|Exception)" "$log" | sort | uniq -c | sort -rn | head -6 | cut -c1-300
+    # rc 5: the shard selected no test (a file with one family's tests).
+    case $rc in 0|5) ;; *) status=1 ;; esac
+  done
+done
+tar -czf "${OUT:-/tmp}/gpu-logs.tgz" -C "$out" .
 exit $status

@@ -19,11 +19,11 @@ def qkv(dim=64, dtype=torch.bfloat16):
 
 
 def record_launches(monkeypatch) -> list[dict]:
-    """Each launch appends {"plan", "softmax_scale", "out"}; it returns a zero lse."""
+    """Each launch appends {"plan", "softmax_scale", "out", "sink"}; it returns a zero lse."""
     calls = []
 
-    def fake_launch(q, k, v, out, softmax_scale, plan):
-        calls.append({"plan": plan, "softmax_scale": softmax_scale, "out": out})
+    def fake_launch(q, k, v, out, softmax_scale, plan, sink=None):
+        calls.append({"plan": plan, "softmax_scale": softmax_scale, "out": out, "sink": sink})
         return torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
     monkeypatch.setenv(ARCH_ENV, "sm_90a")

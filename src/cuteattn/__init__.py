@@ -5,8 +5,8 @@ imported, when the first kernel compiles (cuteattn.runtime.compile).
 """
 
 from cuteattn import reference
-from cuteattn.api import flash_attn_func
+from cuteattn.api import flash_attn_func, flash_attn_varlen_func
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attn_func", "reference", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "reference", "__version__"]

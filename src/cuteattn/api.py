@@ -18,17 +18,15 @@ from cuteattn.plan import KernelPlan, check_plan, get_family, plan_backward
 
 
 def _requires_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _reject_unsupported(*, dropout_p, softcap, alibi_slopes, return_attn_probs):
+def _reject_unsupported(*, dropout_p, alibi_slopes, return_attn_probs):
     """NotImplementedError, naming the argument, for a well-formed option no kernel has yet."""
     if dropout_p != 0:
         raise NotImplementedError(
             f"dropout_p={dropout_p}: dropout is not supported by any kernel yet; pass 0.0"
         )
-    if softcap != 0.0:
-        raise NotImplementedError("softcap is not supported by any kernel yet")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes is not supported by any kernel yet; pass None")
     if return_attn_probs:
@@ -38,22 +36,19 @@ def _reject_unsupported(*, dropout_p, softcap, alibi_slopes, return_attn_probs):
         )
 
 
-def resolve_causal(causal, window_size) -> bool:
-    """The causal flag implied by (causal, window_size); local windows are not supported yet.
+def resolve_mask(causal, window_size) -> tuple[bool, int, int]:
+    """(causal, window_left, window_right) implied by (causal, window_size), -1 unbounded.
 
     As in flash-attn, causal forces the right bound to 0, and a window unbounded on the left
-    and closed at the diagonal, (-1, 0), is the causal mask.
+    and closed at the diagonal, (-1, 0), is the causal mask: it comes back as causal with no
+    window, (True, -1, -1); a local window comes back as (False, left, right).
     """
     left, right = validate.check_window(window_size)
     if causal:
         right = 0
     if (left, right) == (-1, 0):
-        return True
-    if (left, right) == (-1, -1):
-        return False
-    raise NotImplementedError(
-        f"window_size {tuple(window_size)} (local attention) is not supported by any kernel yet"
-    )
+        return True, -1, -1
+    return False, left, right
 
 
 def flash_attn_func(
@@ -71,6 +66,7 @@ def flash_attn_func(
     *,
     return_lse=False,
     out=None,
+    learnable_sink=None,
 ):
     """Exact attention softmax(q k^T * softmax_scale) v, in flash-attn 2's argument order.
 
@@ -85,8 +81,10 @@ def flash_attn_func(
     - ``causal`` (a Python bool, as every flag here) aligns the mask to the bottom-right
       corner when seqlen_q != seqlen_k.
     - ``window_size=(left, right)``, None or -1 meaning unbounded; (-1, 0) is the causal mask.
-      Local windows are not supported yet (NotImplementedError).
-    - ``softcap``: >= 0; only 0.0 (off) is supported yet.
+      Row i sees keys i + s - left .. i + s + right (s = seqlen_k - seqlen_q); key tiles
+      wholly outside the window are skipped, forward and backward.
+    - ``softcap``: >= 0; > 0 makes the scores softcap * tanh(scores / softcap) (Gemma 2),
+      forward and backward, in both families (each value compiles its own kernels).
     - ``alibi_slopes``: only None is supported (NotImplementedError else).
     - ``deterministic``: the forward is deterministic already (each output row is reduced in
       one fixed order, no atomics); ``True`` makes the backward bitwise reproducible too (the
@@ -95,10 +93,13 @@ def flash_attn_func(
       it. Ask for the lse with ``return_lse=True`` instead.
     - ``out``, if given, receives the result; it must not overlap q, k or v. With inputs that
       require grad the result is computed in a new tensor and copied into ``out``.
+    - ``learnable_sink`` (keyword-only, as FlashAttention-4's): None, or (heads_q,) fp32 on the
+      device of q: one extra logit per query head in every row's softmax denominator, with no
+      value row (gpt-oss). Rows that see no key then get out = 0 and lse = the sink.
 
-    Differentiable in q, k and v (not through lse): with grad enabled and an input that
-    requires grad, the call records ``torch.ops.cuteattn.attention``, whose backward runs the
-    backward kernels.
+    Differentiable in q, k, v and learnable_sink (not through lse): with grad enabled and an
+    input that requires grad, the call records ``torch.ops.cuteattn.attention``, whose backward
+    runs the backward kernels.
 
     Returns out, or (out, lse) with ``return_lse``; lse is (batch, heads_q, seqlen_q) fp32,
     natural log. Rows that see no key get out = 0 and lse = -inf. docs/MIGRATING.md maps
@@ -109,6 +110,7 @@ def flash_attn_func(
         q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
         deterministic=deterministic, return_attn_probs=return_attn_probs, out=out,
+        learnable_sink=learnable_sink,
     )
     return (out, lse) if return_lse else out
 
@@ -127,6 +129,7 @@ def forward(
     deterministic=False,
     return_attn_probs=False,
     out=None,
+    learnable_sink=None,
     family: str | None = None,
     plan: KernelPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,15 +144,15 @@ def forward(
     read at call time; give at most one.
     """
     validate.check_forward(q, k, v, out)
+    validate.check_sink(learnable_sink, q)
     validate.check_dropout(dropout_p)
     validate.check_scalars(softmax_scale, softcap)
     validate.check_flag("causal", causal)
     validate.check_flag("deterministic", deterministic)
     validate.check_flag("return_attn_probs", return_attn_probs)
-    causal = resolve_causal(causal, window_size)
+    causal, window_left, window_right = resolve_mask(causal, window_size)
     _reject_unsupported(
-        dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes,
-        return_attn_probs=return_attn_probs,
+        dropout_p=dropout_p, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs
     )
     if family is not None and plan is not None:
         raise ValueError("give family or plan, not both (a plan names its family)")
@@ -163,13 +166,16 @@ def forward(
         softmax_scale = q.shape[-1] ** -0.5
 
     softmax_scale = float(softmax_scale)
-    if _requires_grad(q, k, v):
+    if _requires_grad(q, k, v, learnable_sink):
         if plan is not None:
             raise NotImplementedError(
                 "an explicit plan runs the forward only; call under torch.no_grad() or use "
                 "backward(..., plan=) for the backward"
             )
-        result, lse = ops.attention(q, k, v, softmax_scale, causal, family, deterministic)
+        result, lse = ops.attention(
+            q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
+            family, deterministic,
+        )
         if out is None:
             return result, lse
         validate.check_out_memory(out, q, k, v)
@@ -177,12 +183,19 @@ def forward(
         return out, lse
     if plan is not None and not ops.has_no_work(q, k):
         # A KernelPlan cannot cross the op's schema: an explicit plan is launched directly.
-        check_plan(plan, ops.forward_problem(q, k, v, causal=causal))
+        problem = ops.forward_problem(
+            q, k, v, causal=causal, window_left=window_left, window_right=window_right,
+            softcap=softcap, sink=learnable_sink is not None,
+        )
+        check_plan(plan, problem)
         out = _out_or_new(out, q, v)
         q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
-        return out, ops.launch_forward(q, k, v, out, softmax_scale, plan)
+        return out, ops.launch_forward(q, k, v, out, softmax_scale, plan, learnable_sink)
     out = _out_or_new(out, q, v)
-    return out, ops.forward(q, k, v, out, softmax_scale, causal, family)
+    return out, ops.forward(
+        q, k, v, out, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
+        family,
+    )
 
 
 def _out_or_new(out, q, v) -> torch.Tensor:
@@ -203,15 +216,19 @@ def backward(
     *,
     softmax_scale=None,
     causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
     deterministic=False,
     family: str | None = None,
     plan: KernelPlan | None = None,
     dq=None,
     dk=None,
     dv=None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    learnable_sink=None,
+) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) of attention(q, k, v) -> (out, lse) for the output gradient ``dout``: the
     backward that autograd runs, as a direct call (flash-attn's ``_flash_attn_backward``).
+    With the forward's ``learnable_sink``: (dq, dk, dv, dsink), dsink fp32 (heads_q,).
 
     ``dq``, ``dk``, ``dv``, if given, receive the gradients (shapes and dtypes of q, k, v; no
     overlap with the inputs; dk and dv kernel-addressable). ``family`` forces a family with a
@@ -220,10 +237,12 @@ def backward(
     """
     validate.check_forward(q, k, v, None)
     validate.check_backward(dout, q, out, lse)
+    validate.check_sink(learnable_sink, q)
     validate.check_grad_buffers(q, k, v, dout, out, dq=dq, dk=dk, dv=dv)
-    validate.check_scalars(softmax_scale, 0.0)
+    validate.check_scalars(softmax_scale, softcap)
     validate.check_flag("causal", causal)
     validate.check_flag("deterministic", deterministic)
+    causal, window_left, window_right = resolve_mask(causal, window_size)
     if family is not None and plan is not None:
         raise ValueError("give family or plan, not both (a plan names its family)")
     if family is not None and not get_family(family).has_backward:
@@ -233,13 +252,32 @@ def backward(
         softmax_scale = q.shape[-1] ** -0.5
     softmax_scale = float(softmax_scale)
     buffers = dict(dq=dq, dk=dk, dv=dv)
+    grads = _backward(
+        dout, q, k, v, out, lse, softmax_scale, causal, (window_left, window_right), softcap,
+        deterministic, family, plan, buffers,
+    )
+    if learnable_sink is None:
+        return grads
+    return (*grads, ops.sink_grad(learnable_sink, lse, out, dout))
+
+
+def _backward(
+    dout, q, k, v, out, lse, softmax_scale, causal, window, softcap, deterministic, family, plan,
+    buffers,
+):
+    """(dq, dk, dv) of validated inputs: no kernel for empty ones, the op without a plan or
+    buffers, else a launch of the given or planned backward plan."""
     if ops.has_no_work(q, k):
         return ops.backward_without_kernel(q, k, v, **buffers)
     if plan is None and all(x is None for x in buffers.values()):
         return ops.backward(
-            dout, q, k, v, out, lse, softmax_scale, causal, family, deterministic
+            dout, q, k, v, out, lse, softmax_scale, causal, *window, softcap, family,
+            deterministic,
         )
-    problem = ops.forward_problem(q, k, v, causal=causal, deterministic=deterministic)
+    problem = ops.forward_problem(
+        q, k, v, causal=causal, window_left=window[0], window_right=window[1], deterministic=deterministic,
+        softcap=softcap,
+    )
     if plan is None:
         plan = plan_backward(problem, family=ops.backward_family(family))
     if not isinstance(plan, KernelPlan) or plan.kind != "backward":
@@ -247,3 +285,91 @@ def backward(
     check_plan(plan, problem)
     dout, q, k, v = (validate.kernel_ready(x) for x in (dout, q, k, v))
     return ops.launch_backward(dout, q, k, v, out, lse, softmax_scale, plan, **buffers)
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    seqused_q=None,
+    seqused_k=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(None, None),
+    softcap=0.0,
+    learnable_sink=None,
+    return_lse=False,
+    out=None,
+    *,
+    dropout_p=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    family: str | None = None,
+):
+    """Attention over packed sequences of their own lengths (flash-attn's varlen layout).
+
+    q: (total_q, heads_q, dim); k, v: (total_k, heads_kv, dim / dim_v); sequence b owns query
+    rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] and key rows cu_seqlens_k[b] ..
+    cu_seqlens_k[b + 1] (int32, length batch + 1, on q's device); max_seqlen_q / max_seqlen_k
+    (host ints) bound every sequence's length: the kernels size their grids by them and assume
+    them (``CUTEATTN_CHECK_INPUTS=1`` checks it, at the cost of a host sync). ``seqused_k``
+    (int32, (batch,)) caps the keys of each sequence; lengths of 0 are fine. causal and window
+    align bottom-right per sequence. Rows past cu_seqlens_q[-1] are not written.
+
+    The other options are flash_attn_func's (``dropout_p``, ``alibi_slopes``, ``deterministic``
+    and ``return_attn_probs`` keyword-only, as Hugging Face passes them). Returns out (total_q,
+    heads_q, dim_v), or (out, lse) with ``return_lse``, lse (heads_q, total_q) fp32. Runs in
+    the sm80 family, forward and backward (inputs that require grad record
+    ``torch.ops.cuteattn.varlen_attention``; ``deterministic=True`` makes its backward bitwise
+    reproducible).
+    """
+    validate.check_varlen_packed(q, k, v, out)
+    validate.check_sink(learnable_sink, q.unsqueeze(0))
+    validate.check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
+    validate.check_dropout(dropout_p)
+    validate.check_scalars(softmax_scale, softcap)
+    validate.check_flag("causal", causal)
+    validate.check_flag("deterministic", deterministic)
+    validate.check_flag("return_attn_probs", return_attn_probs)
+    validate.check_flag("return_lse", return_lse)
+    causal, window_left, window_right = resolve_mask(causal, window_size)
+    _reject_unsupported(
+        dropout_p=dropout_p, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs
+    )
+    if seqused_q is not None:
+        raise NotImplementedError("seqused_q is not supported yet; pass None")
+    if family is not None:
+        get_family(family)
+    validate.check_devices(q, k, v, out)
+    validate.check_varlen_devices(
+        q, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+    )
+    validate.check_varlen_contents(
+        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k
+    )
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    if _requires_grad(q, k, v, learnable_sink):
+        result, lse = ops.varlen_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+            int(max_seqlen_k), float(softmax_scale), causal, window_left, window_right, softcap,
+            learnable_sink, family, deterministic,
+        )
+        if out is not None:
+            validate.check_out_memory(out, q, k, v)
+            out.copy_(result)
+            result = out
+        return (result, lse) if return_lse else result
+    if out is None:
+        out = torch.empty((*q.shape[:2], v.shape[2]), dtype=q.dtype, device=q.device)
+    lse = ops.varlen_forward(
+        q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+        int(max_seqlen_k), float(softmax_scale), causal, window_left, window_right, softcap,
+        learnable_sink, family,
+    )
+    return (out, lse) if return_lse else out

@@ -3,12 +3,18 @@
 ``torch.ops.cuteattn.forward`` (``forward`` here)::
 
     cuteattn::forward(Tensor q, Tensor k, Tensor v, Tensor(a3!) out, float softmax_scale,
-                      bool causal, str? family) -> Tensor
+                      bool causal, int window_left, int window_right, float softcap,
+                      Tensor? learnable_sink, str? family) -> Tensor
 
 writes the attention into ``out`` (allocated by the caller, so the op never returns an alias
 of an input) and returns lse, (batch, heads_q, seqlen_q) fp32. api.forward calls it after
 validating the arguments; torch.compile traces that code and records this one opaque op.
-``family`` (None: the planner's choice) is the family override, a name that api has checked.
+``family`` (None: the planner's choice) is the family override, a name that api has checked;
+``window_left`` / ``window_right`` bound a local window (-1: unbounded; both -1: none;
+``mask_of`` normalises them); ``softcap`` (0: off) soft-caps the scores (a compile-time value
+of the plan); ``learnable_sink`` (None, or (heads_q,) fp32) adds a sink logit per query head
+to each row's softmax (``kernels/common/sink.py``); its gradient comes from the attention op's
+autograd.
 
 - Real implementation (eager calls, and a compiled graph when it runs): checks out's memory
   (aligned start, no overlap with q, k, v; under torch.compile the api's code ran on fake
@@ -25,21 +31,28 @@ validating the arguments; torch.compile traces that code and records this one op
 Training goes through a second, functional op (torch's autograd registration needs one):
 
     cuteattn::attention(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal,
-                        str? family, bool deterministic) -> (Tensor out, Tensor lse)
+                        int window_left, int window_right, float softcap,
+                        Tensor? learnable_sink, str? family, bool deterministic)
+                        -> (Tensor out, Tensor lse)
     cuteattn::backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-                       float softmax_scale, bool causal, str? family, bool deterministic)
+                       float softmax_scale, bool causal, int window_left, int window_right,
+                       float softcap, str? family, bool deterministic)
                        -> (Tensor dq, Tensor dk, Tensor dv)
 
-``attention`` saves q, k, v, out and lse (no copies) and its autograd formula calls
-``backward``, which plans the backward on the device's arch (``plan_backward``: the first
-family with a backward kernel, or ``family`` when that family has one) and runs
-``launch_backward``. The gradient of lse is not propagated (as in flash-attn).
+``attention`` saves q, k, v, out and lse (no copies; and the sink) and its autograd formula
+calls ``backward`` (the sink needs nothing there: lse includes it; ``sink_grad`` gives dsink),
+which plans the backward on the device's arch (``plan_backward``: the first family with a
+backward kernel, or ``family`` when that family has one) and runs ``launch_backward``.
+Packed batches (flash_attn_varlen_func) have their own ops: ``varlen_forward`` (into out),
+``varlen_attention`` (functional, with autograd) and ``varlen_backward``. The gradient of
+lse is not propagated (as in flash-attn).
 
 ``launch_forward`` runs a given plan's kernel. The op calls it; so does api.forward for an
 explicit ``plan=`` (tests and the benchmark), which cannot go through the op since a plan
 cannot cross its schema. That path is for eager calls only.
 """
 
+import dataclasses
 import functools
 
 import torch
@@ -81,18 +94,59 @@ def has_no_work(q: torch.Tensor, k: torch.Tensor) -> bool:
     return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
 
 
-def forward_without_kernel(q: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The forward of a problem with no work (``has_no_work``): out = 0; returns lse = -inf."""
+def forward_without_kernel(
+    q: torch.Tensor, out: torch.Tensor, sink: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The forward of a problem with no work (``has_no_work``): out = 0; returns lse = -inf,
+    or each head's sink logit where there is one (the sink alone in the denominator)."""
     out.zero_()
-    return empty_lse(q).fill_(float("-inf"))
+    lse = empty_lse(q)
+    if sink is None:
+        return lse.fill_(float("-inf"))
+    return lse.copy_(sink.view(1, -1, 1).expand_as(lse))
+
+
+def sink_grad(
+    sink: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * rowsum(dout * out): a
+    reduction over the rows, no pass over K or V. ``rows``: a bool (seqlen_q,) mask of the rows
+    that count (a packed batch's rows of some sequence; the others were never written)."""
+    dpsum = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (batch, heads_q, seqlen_q)
+    # A row with lse = -inf (no key, and a sink of -inf) has weight 0, not exp(-inf + inf).
+    terms = torch.exp(sink.view(1, -1, 1) - lse) * dpsum
+    terms = torch.where(torch.isneginf(lse), 0.0, terms)
+    if rows is not None:
+        terms = torch.where(rows.view(1, 1, -1), terms, 0.0)
+    return -terms.sum(dim=(0, 2))
+
+
+def mask_of(
+    causal: bool, window_left: int, window_right: int, seqlen_q: int, seqlen_k: int
+) -> tuple[bool, tuple[int, int] | None]:
+    """The Problem's (causal, window) from the ops' ints (-1 unbounded). A bound that hides
+    nothing at these lengths is unbounded (a left bound >= seqlen_k, a right one >= seqlen_q:
+    the kernels compute in 32 bits, and every huge value would compile its own kernels); what
+    is left of the window may be the causal mask (-1, 0) or no mask at all."""
+    left = -1 if window_left >= seqlen_k else int(window_left)
+    right = -1 if window_right >= seqlen_q else int(window_right)
+    if (left, right) == (-1, 0):
+        return True, None
+    if (left, right) == (-1, -1):
+        return causal, None
+    return False, (left, right)
 
 
 def forward_problem(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, deterministic: bool = False
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+    deterministic: bool = False, softcap: float = 0.0, sink: bool = False,
+    window_left: int = -1, window_right: int = -1,
 ) -> Problem:
     """The planner's Problem for validated inputs, on the arch of q's device (``deterministic``
-    matters to the backward's plan only)."""
+    matters to the backward's plan only; the window as ``mask_of`` normalises it)."""
     batch, seqlen_q, heads_q, dim = q.shape
+    causal, window = mask_of(causal, window_left, window_right, seqlen_q, k.shape[1])
     return Problem(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -103,6 +157,9 @@ def forward_problem(
         head_dim_v=v.shape[3],
         dtype=validate.DTYPES[q.dtype],
         causal=causal,
+        softcap=float(softcap),
+        sink=sink,
+        window=window,
         arch=device_arch(q.device),
         deterministic=deterministic,
     )
@@ -115,17 +172,27 @@ def launch_forward(
     out: torch.Tensor,
     softmax_scale: float,
     plan: KernelPlan,
+    sink: torch.Tensor | None = None,
+    varlen: tuple | None = None,
 ) -> torch.Tensor:
     """Run ``plan``'s compiled kernel on the current stream: writes out, returns lse.
 
-    q, k, v and out must be kernel-addressable (``validate.kernel_ready``, ``check_out_memory``).
+    q, k, v and out must be kernel-addressable (``validate.kernel_ready``, ``check_out_memory``);
+    ``sink``, the learnable sink's fp32 logits, is given exactly when the plan has one;
+    ``varlen``, (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q), exactly when the plan is
+    varlen (q, k, v, out then the (1, total, heads, dim) views of packed tensors).
     """
     if has_no_work(q, k):
-        return forward_without_kernel(q, out)
+        return forward_without_kernel(q, out, sink)
+    cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q = varlen or (None, None, None, 0)
     with torch.cuda.device(q.device):
         lse = empty_lse(q)
         kernel = compile_forward(plan)
-        kernel(q, k, v, out, lse, softmax_scale, _num_sms(q.device.index))
+        sink = sink.contiguous() if sink is not None else None
+        kernel(
+            q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+            softmax_scale, _num_sms(q.device.index),
+        )
     return lse
 
 
@@ -137,19 +204,30 @@ def forward(
     out: torch.Tensor,
     softmax_scale: float,
     causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    learnable_sink: torch.Tensor | None,
     family: str | None,
 ) -> torch.Tensor:
     """Attention of validated q, k, v into ``out``; returns lse. See the module docstring."""
     validate.check_out_memory(out, q, k, v)
     if has_no_work(q, k):
-        return forward_without_kernel(q, out)
+        return forward_without_kernel(q, out, learnable_sink)
     q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
-    plan = plan_forward(forward_problem(q, k, v, causal=causal), family=family)
-    return launch_forward(q, k, v, out, softmax_scale, plan)
+    problem = forward_problem(
+        q, k, v, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
+        sink=learnable_sink is not None,
+    )
+    plan = plan_forward(problem, family=family)
+    return launch_forward(q, k, v, out, softmax_scale, plan, learnable_sink)
 
 
 @forward.register_fake
-def _forward_fake(q, k, v, out, softmax_scale, causal, family):
+def _forward_fake(
+    q, k, v, out, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
+    family,
+):
     return empty_lse(q)
 
 
@@ -163,6 +241,10 @@ def attention(
     v: torch.Tensor,
     softmax_scale: float,
     causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    learnable_sink: torch.Tensor | None,
     family: str | None,
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,14 +252,27 @@ def attention(
     bitwise reproducible backward when ``deterministic``)."""
     out = torch.empty(out_shape(q, v), dtype=q.dtype, device=q.device)
     if has_no_work(q, k):
-        return out, forward_without_kernel(q, out)
+        return out, forward_without_kernel(q, out, learnable_sink)
     q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
-    plan = plan_forward(forward_problem(q, k, v, causal=causal), family=family)
-    return out, launch_forward(q, k, v, out, softmax_scale, plan)
+    problem = forward_problem(
+        q, k, v, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
+        sink=learnable_sink is not None,
+    )
+    plan = plan_forward(problem, family=family)
+    # The backward this call records must exist: refuse now (NotImplementedError), not when
+    # autograd first asks for it.
+    plan_backward(
+        dataclasses.replace(problem, deterministic=deterministic),
+        family=backward_family(family),
+    )
+    return out, launch_forward(q, k, v, out, softmax_scale, plan, learnable_sink)
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, softmax_scale, causal, family, deterministic):
+def _attention_fake(
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+    deterministic,
+):
     return q.new_empty(out_shape(q, v)), empty_lse(q)
 
 
@@ -212,8 +307,10 @@ def launch_backward(
         dpsum = torch.empty(batch, heads_q, rows, **f32)
         lse_log2 = torch.empty(batch, heads_q, rows, **f32)
         preprocess = compile_backward_preprocess(plan.arch, plan.dtype, dim)
-        preprocess(validate.kernel_ready(out), dout, lse.contiguous(), lse_log2, dpsum)
-        dq_accum = new_dq_accum(q, rows, *get_family(plan.family).dq_accum_chunks(plan))
+        preprocess(validate.kernel_ready(out), dout, lse.contiguous(), lse_log2, dpsum, None, 0)
+        dq_accum = new_dq_accum(
+            q, rows, *get_family(plan.family).dq_accum_chunks(plan), head_dim=plan.head_dim
+        )
         if dk is None:
             dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         if dv is None:
@@ -225,10 +322,13 @@ def launch_backward(
             semaphore = torch.zeros(
                 batch, heads_q, rows // plan.tile_m, dtype=torch.int32, device=q.device
             )
-        kernel(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, softmax_scale)
+        kernel(
+            q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, None, None, None, 0,
+            softmax_scale,
+        )
         if dq is None:
             dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dq_from_accum(dq_accum, softmax_scale, dq)
+        dq_from_accum(dq_accum, softmax_scale, dq, kernel_dim=plan.head_dim)
     return dq, dk, dv
 
 
@@ -241,22 +341,36 @@ def backward_without_kernel(q, k, v, *, dq=None, dk=None, dv=None):
     return tuple(grads)
 
 
-def new_dq_accum(q: torch.Tensor, rows: int, chunks: int, row_pad: int) -> torch.Tensor:
+def new_dq_accum(
+    q: torch.Tensor, rows: int, chunks: int, row_pad: int, head_dim: int | None = None
+) -> torch.Tensor:
     """The zeroed fp32 dq accumulator of a backward plan: (batch, heads_q, chunks, rows,
     head_dim / chunks + row_pad), rows padded to whole query tiles
-    (``KernelFamily.dq_accum_chunks``)."""
+    (``KernelFamily.dq_accum_chunks``); ``head_dim`` the kernel's (default: q's; larger when the
+    kernel pads q's)."""
     batch, _, heads_q, dim = q.shape
+    dim = dim if head_dim is None else head_dim
     return torch.zeros(
         batch, heads_q, chunks, rows, dim // chunks + row_pad, dtype=torch.float32, device=q.device
     )
 
 
-def dq_from_accum(dq_accum: torch.Tensor, softmax_scale: float, dq: torch.Tensor) -> torch.Tensor:
+def dq_from_accum(
+    dq_accum: torch.Tensor, softmax_scale: float, dq: torch.Tensor, kernel_dim: int | None = None
+) -> torch.Tensor:
     """The postprocess: dq (batch, seqlen_q, heads_q, dim) = softmax_scale * the accumulator,
     cast to dq's dtype, through (batch, seqlen_q, heads_q, chunks, chunk_dim) views of both (one
-    strided pass; the row padding and the padded rows are not read)."""
+    strided pass; the row padding and the padded rows are not read). ``kernel_dim``: the
+    kernel's head dim when it padded dq's (its columns past dq's are dropped)."""
     chunks = dq_accum.shape[2]
-    chunk_dim = dq.shape[-1] // chunks
+    dim = dq.shape[-1]
+    if kernel_dim is not None and kernel_dim != dim:
+        chunk_dim = kernel_dim // chunks
+        accumulated = dq_accum[:, :, :, : dq.shape[1], :chunk_dim].permute(0, 3, 1, 2, 4)
+        columns = accumulated.flatten(-2)[..., :dim]  # (batch, seqlen_q, heads, dim): a copy
+        torch.mul(columns, softmax_scale, out=dq)
+        return dq
+    chunk_dim = dim // chunks
     accumulated = dq_accum[:, :, :, : dq.shape[1], :chunk_dim].permute(0, 3, 1, 2, 4)
     torch.mul(accumulated, softmax_scale, out=dq.unflatten(-1, (chunks, chunk_dim)))
     return dq
@@ -280,6 +394,9 @@ def backward(
     lse: torch.Tensor,
     softmax_scale: float,
     causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
     family: str | None,
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -288,31 +405,296 @@ def backward(
     if has_no_work(q, k):
         return backward_without_kernel(q, k, v)
     dout, q, k, v = (validate.kernel_ready(x) for x in (dout, q, k, v))
-    problem = forward_problem(q, k, v, causal=causal, deterministic=deterministic)
+    problem = forward_problem(
+        q, k, v, causal=causal, window_left=window_left, window_right=window_right,
+        deterministic=deterministic, softcap=softcap,
+    )
     plan = plan_backward(problem, family=backward_family(family))
     return launch_backward(dout, q, k, v, out, lse, softmax_scale, plan)
 
 
 @backward.register_fake
-def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, family, deterministic):
+def _backward_fake(
+    dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, family,
+    deterministic,
+):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _attention_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, family, deterministic = inputs
+    (q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+     deterministic) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.softmax_scale, ctx.causal, ctx.family = softmax_scale, causal, family
+    ctx.save_for_backward(q, k, v, out, lse, learnable_sink)
+    ctx.softmax_scale, ctx.causal, ctx.softcap = softmax_scale, causal, softcap
+    ctx.window = (window_left, window_right)
+    ctx.family = family
     ctx.deterministic = deterministic
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, learnable_sink = ctx.saved_tensors
     dq, dk, dv = backward(
-        grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.family,
-        ctx.deterministic,
+        grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, *ctx.window, ctx.softcap,
+        ctx.family, ctx.deterministic,
     )
-    return dq, dk, dv, None, None, None, None
+    dsink = None
+    if learnable_sink is not None and ctx.needs_input_grad[8]:
+        dsink = sink_grad(learnable_sink, lse, out, grad_out)
+    return dq, dk, dv, None, None, None, None, None, dsink, None, None
 
 
 attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+# ---- Varlen: packed sequences of their own lengths (flash_attn_varlen_func) -----------------
+
+
+def varlen_problem(
+    q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, *, causal, window_left, window_right,
+    softcap, sink, seqused_k,
+) -> Problem:
+    """The planner's Problem for packed (total, heads, dim) inputs: the sequence count as the
+    batch and the longest sequences as the lengths (they pick the tiling, and ``mask_of``
+    normalises the window against them)."""
+    _, heads_q, dim = q.shape
+    causal, window = mask_of(causal, window_left, window_right, max_seqlen_q, max_seqlen_k)
+    return Problem(
+        batch=cu_seqlens_q.shape[0] - 1, seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
+        heads_q=heads_q, heads_kv=k.shape[1], head_dim=dim, head_dim_v=v.shape[2],
+        dtype=validate.DTYPES[q.dtype], causal=causal, arch=device_arch(q.device),
+        softcap=float(softcap), sink=sink, window=window, varlen=True,
+        seqused_k=seqused_k,
+    )
+
+
+@torch.library.custom_op("cuteattn::varlen_forward", mutates_args=("out",))
+def varlen_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    learnable_sink: torch.Tensor | None,
+    family: str | None,
+) -> torch.Tensor:
+    """Attention of validated packed q (total_q, heads_q, dim), k, v (total_k, heads_kv, dim)
+    into ``out`` (total_q, heads_q, dim_v); returns lse (heads_q, total_q). Sequence b owns rows
+    cu_seqlens[b] .. cu_seqlens[b + 1]; rows past cu_seqlens_q[-1] are not written."""
+    validate.check_out_memory(out, q, k, v)
+    q4, k4, v4, out4 = (x.unsqueeze(0) for x in (q, k, v, out))
+    no_sequence = cu_seqlens_q.shape[0] == 1 or max_seqlen_q == 0 or max_seqlen_k == 0
+    if has_no_work(q4, k4) or no_sequence:
+        return forward_without_kernel(q4, out4, learnable_sink).squeeze(0)
+    q4, k4, v4 = (validate.kernel_ready(x) for x in (q4, k4, v4))
+    problem = varlen_problem(
+        q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal=causal,
+        window_left=window_left, window_right=window_right, softcap=softcap,
+        sink=learnable_sink is not None, seqused_k=seqused_k is not None,
+    )
+    plan = plan_forward(problem, family=family)
+    bookkeeping = (
+        cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+        None if seqused_k is None else seqused_k.contiguous(), max_seqlen_q,
+    )
+    lse = launch_forward(q4, k4, v4, out4, softmax_scale, plan, learnable_sink, bookkeeping)
+    return lse.squeeze(0)
+
+
+@varlen_forward.register_fake
+def _varlen_forward_fake(
+    q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+    softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+):
+    return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def padded_rows(total_q: int, num_seqs: int, tile_m: int) -> int:
+    """Rows of a packed batch's backward per-row buffers: every sequence starts on a whole
+    tile (``SeqlenInfo``'s ``padded_rows_start``) and has its length rounded up to tiles."""
+    return -(-(total_q + num_seqs * tile_m) // tile_m) * tile_m
+
+
+def varlen_dq_rows(cu_seqlens_q: torch.Tensor, total_q: int, tile_m: int) -> torch.Tensor:
+    """For each packed query row, its row in the per-row buffers (int64, on the GPU, no host
+    sync); rows past cu_seqlens_q[-1] map to a row that is never written (-1)."""
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    starts = cu_seqlens_q[:-1].long()
+    slack = torch.arange(num_seqs, device=cu_seqlens_q.device) * tile_m
+    padded = (starts + slack) // tile_m * tile_m
+    rows = torch.arange(total_q, device=cu_seqlens_q.device)
+    sequence = torch.searchsorted(cu_seqlens_q[1:].long(), rows, right=True)
+    covered = sequence < num_seqs
+    sequence = sequence.clamp(max=max(num_seqs - 1, 0))
+    return torch.where(covered, rows + (padded - starts)[sequence], -1)
+
+
+def launch_varlen_backward(
+    dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+    softmax_scale: float, plan: KernelPlan,
+):
+    """The backward of a packed batch (q, dout, out (total_q, heads_q, dim), k, v (total_k,
+    heads_kv, dim), lse (heads_q, total_q)): returns new (dq, dk, dv). As ``launch_backward``,
+    with the per-row buffers laid out per sequence on whole tiles (``padded_rows``); dk and dv
+    start at 0 (rows of no sequence, or past seqused_k, get no gradient from the kernel)."""
+    total_q, heads_q, dim = q.shape
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    with torch.cuda.device(q.device):
+        rows = padded_rows(total_q, num_seqs, plan.tile_m)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        dpsum = torch.empty(1, heads_q, rows, **f32)
+        lse_log2 = torch.empty(1, heads_q, rows, **f32)
+        q4, k4, v4, out4, dout4 = (
+            validate.kernel_ready(x.unsqueeze(0)) for x in (q, k, v, out, dout)
+        )
+        preprocess = compile_backward_preprocess(
+            plan.arch, plan.dtype, dim, varlen_rows_tile=plan.tile_m
+        )
+        preprocess(
+            out4, dout4, lse.unsqueeze(0).contiguous(), lse_log2, dpsum, cu_seqlens_q,
+            max_seqlen_q,
+        )
+        chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
+        dq_accum = new_dq_accum(q4, rows, chunks, row_pad)
+        dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        semaphore = None
+        if plan.option("deterministic", False):
+            semaphore = torch.zeros(
+                num_seqs, heads_q, -(-max_seqlen_q // plan.tile_m), dtype=torch.int32,
+                device=q.device,
+            )
+        compile_backward(plan)(
+            q4, k4, v4, dout4, lse_log2, dpsum, dq_accum, dk.unsqueeze(0), dv.unsqueeze(0),
+            semaphore, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_k, softmax_scale,
+        )
+        # dq: each packed row from its sequence's rows of the accumulator (one gather).
+        index = varlen_dq_rows(cu_seqlens_q, total_q, plan.tile_m)
+        chunk_dim = dim // chunks
+        accumulated = dq_accum[0, :, :, :, :chunk_dim]  # (heads, chunks, rows, chunk_dim)
+        # One fp32 copy (the gather), scaled and cleared in place, then one cast into dq.
+        gathered = accumulated.index_select(2, index.clamp(min=0))
+        gathered.mul_(softmax_scale).masked_fill_((index < 0).view(1, 1, -1, 1), 0.0)
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dq.view(total_q, heads_q, chunks, chunk_dim).copy_(gathered.permute(2, 0, 1, 3))
+    return dq, dk, dv
+
+
+@torch.library.custom_op("cuteattn::varlen_backward", mutates_args=())
+def varlen_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    family: str | None,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of ``varlen_attention`` for the output gradient ``dout``."""
+    no_sequence = cu_seqlens_q.shape[0] == 1 or max_seqlen_q == 0 or max_seqlen_k == 0
+    if q.shape[0] == 0 or k.shape[0] == 0 or no_sequence:
+        return backward_without_kernel(q, k, v)
+    problem = varlen_problem(
+        q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal=causal,
+        window_left=window_left, window_right=window_right, softcap=softcap, sink=False,
+        seqused_k=seqused_k is not None,
+    )
+    problem = dataclasses.replace(problem, deterministic=deterministic)
+    plan = plan_backward(problem, family=backward_family(family))
+    return launch_varlen_backward(
+        dout, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+        None if seqused_k is None else seqused_k.contiguous(), max_seqlen_q, max_seqlen_k,
+        softmax_scale, plan,
+    )
+
+
+@varlen_backward.register_fake
+def _varlen_backward_fake(
+    dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+    softmax_scale, causal, window_left, window_right, softcap, family, deterministic,
+):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@torch.library.custom_op("cuteattn::varlen_attention", mutates_args=())
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    learnable_sink: torch.Tensor | None,
+    family: str | None,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of packed q, k, v in new tensors; differentiable in q, k, v and the sink."""
+    out = torch.empty((*q.shape[:2], v.shape[2]), dtype=q.dtype, device=q.device)
+    lse = varlen_forward(
+        q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+    )
+    return out, lse
+
+
+@varlen_attention.register_fake
+def _varlen_attention_fake(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+    causal, window_left, window_right, softcap, learnable_sink, family, deterministic,
+):
+    out = q.new_empty((*q.shape[:2], v.shape[2]))
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+     causal, window_left, window_right, softcap, learnable_sink, family, deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, learnable_sink)
+    ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                softcap, family, deterministic)
+
+
+def _varlen_backward_formula(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, learnable_sink = ctx.saved_tensors
+    dq, dk, dv = varlen_backward(
+        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *ctx.args
+    )
+    dsink = None
+    if learnable_sink is not None and ctx.needs_input_grad[13]:
+        covered = torch.arange(q.shape[0], device=q.device) < cu_seqlens_q[-1]
+        dsink = sink_grad(
+            learnable_sink, lse.unsqueeze(0), out.unsqueeze(0), grad_out.unsqueeze(0), covered
+        )
+    return (dq, dk, dv) + (None,) * 10 + (dsink, None, None)
+
+
+varlen_attention.register_autograd(_varlen_backward_formula, setup_context=_varlen_setup_context)
+

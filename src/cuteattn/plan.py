@@ -43,6 +43,19 @@ class Problem:
     arch: ArchCaps
     # Backward: dq accumulated in a fixed order, bitwise reproducible run to run.
     deterministic: bool = False
+    # Logit soft-capping: scores become softcap * tanh(scores / softcap); 0 is off. A plan
+    # carries it as the option ("softcap", value): the kernels fold it into constants.
+    softcap: float = 0.0
+    # A learnable sink logit per query head (its values are a runtime tensor): forward plans
+    # carry ("sink", True); the backward needs nothing of it (lse includes the sink).
+    sink: bool = False
+    # A local window (left, right), each >= 0 or -1 for unbounded, or None. A window that is
+    # the causal mask ((-1, 0)) or no mask ((-1, -1)) is given as ``causal`` / None instead.
+    window: tuple[int, int] | None = None
+    # Packed variable-length sequences (flash_attn_varlen_func): batch is the number of
+    # sequences and seqlen_q / seqlen_k the longest ones; ``seqused_k`` caps each one's keys.
+    varlen: bool = False
+    seqused_k: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,7 +190,7 @@ def check_plan(plan: KernelPlan, problem: Problem) -> KernelPlan:
         f"{field} {planned!r} (the inputs have {actual!r})"
         for field, planned, actual in (
             ("dtype", plan.dtype, problem.dtype),
-            ("head_dim", plan.head_dim, problem.head_dim),
+            ("head_dim", plan.option("dim", plan.head_dim), problem.head_dim),
             ("causal", plan.causal, problem.causal),
             ("arch", plan.arch, problem.arch.name),
         )

@@ -5,6 +5,8 @@ the error that plain PyTorch makes on the same inputs in the same low precision
 (``reference.attention(..., upcast=False)``), plus a small absolute floor. NaN never passes.
 """
 
+import math
+
 import torch
 
 
@@ -25,7 +27,7 @@ def assert_close_to_reference(
     name: str,
     got: torch.Tensor,
     ref: torch.Tensor,
-    low_precision: torch.Tensor,
+    low_precision: torch.Tensor | tuple[torch.Tensor, ...],
     factor: float = 2.0,
     floor: float = 1e-4,
 ) -> None:
@@ -35,7 +37,9 @@ def assert_close_to_reference(
     if not torch.equal(torch.isinf(got.float()), torch.isinf(ref.float())):
         raise AssertionError(f"{name}: infinities differ from the reference")
     err = max_err(got, ref)
-    pt_err = max_err(low_precision, ref)
+    # Several low-precision computations (a tuple): the largest of their errors.
+    lows = low_precision if isinstance(low_precision, (tuple, list)) else (low_precision,)
+    pt_err = max(max_err(low, ref) for low in lows)
     bound = factor * pt_err + floor
     if not err <= bound:
         raise AssertionError(
@@ -43,14 +47,116 @@ def assert_close_to_reference(
         )
 
 
-def reference_grads(q, k, v, dout, *, causal=False, softmax_scale=None, upcast=True):
+def reference_grads(
+    q, k, v, dout, *, causal=False, window_size=(None, None), softmax_scale=None, softcap=0.0,
+    learnable_sink=None, upcast=True, flash_rowsum=False, **varlen,
+):
     """(dq, dk, dv) of ``reference.attention`` for the output gradient ``dout``: fp32 with
-    ``upcast`` (the oracle), else in the inputs' dtype (PyTorch's own low-precision error)."""
+    ``upcast`` (the oracle), else in the inputs' dtype (PyTorch's own low-precision error).
+    With ``learnable_sink``: (dq, dk, dv, dsink). ``varlen``: cu_seqlens_q / cu_seqlens_k /
+    seqused_k of packed inputs.
+
+    ``flash_rowsum`` (with ``upcast=False``): the low-precision gradients as FlashAttention forms
+    them, whose softmax backward subtracts rowsum(dout * out) of the rounded output where
+    autograd subtracts rowsum(P * dP) in float32. The two differ where that subtraction cancels
+    (a row whose probability sits on one key; dsink, which is that row sum itself), so there the
+    algorithm's own error exceeds autograd's; the difference is a per-row multiple of P, the
+    gradient of the lse, and is added as the lse's cotangent."""
     from cuteattn.reference import attention
 
-    def output(q, k, v):
-        return attention(q, k, v, softmax_scale=softmax_scale, causal=causal, upcast=upcast)[0]
+    def outputs(q, k, v, *sink):
+        return attention(
+            q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, learnable_sink=sink[0] if sink else None, upcast=upcast, **varlen,
+        )
 
     # torch.func, not autograd: it also works below the autograd dispatch key (inside an op).
-    out, vjp = torch.func.vjp(output, q.detach(), k.detach(), v.detach())
-    return vjp(dout.to(out.dtype))
+    primals = [q.detach(), k.detach(), v.detach()]
+    if learnable_sink is not None:
+        primals.append(learnable_sink.detach())
+    (out, lse), vjp = torch.func.vjp(outputs, *primals)
+    lse_cotangent = torch.zeros_like(lse)
+    if flash_rowsum and not upcast:
+        exact_out = attention(
+            *primals[:3], softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, learnable_sink=learnable_sink, **varlen,
+        )[0]
+        rowsum_gap = (dout.float() * (exact_out.float() - out.float())).sum(-1)
+        # out (batch, seqlen_q, heads) -> lse (batch, heads, seqlen_q); packed: (heads, total_q)
+        rowsum_gap = rowsum_gap.transpose(-1, -2)
+        lse_cotangent = torch.where(torch.isfinite(lse), rowsum_gap, 0.0)
+    return vjp((dout.to(out.dtype), lse_cotangent))
+
+
+def half_ulp(value: float, dtype: torch.dtype) -> float:
+    """Half a unit in the last place of ``value`` in ``dtype`` (0 for 0)."""
+    if value <= 0.0:
+        return 0.0
+    return 0.5 * torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(value))
+
+
+def dsink_from_rows(sink, lse, out, dout) -> torch.Tensor:
+    """dsink[h] = -sum over rows of exp(sink[h] - lse) * rowsum(dout * out), in float64, for the
+    dense layout (out (batch, seqlen_q, heads, dim), lse (batch, heads, seqlen_q)) or the packed
+    one (out (total_q, heads, dim), lse (heads, total_q)); rows with lse = -inf weigh 0."""
+    rowsums = (dout.double() * out.double()).sum(-1).transpose(-1, -2)
+    lse = lse.double()
+    sink = sink.double().view(-1, 1)
+    weights = torch.where(torch.isneginf(lse), 0.0, torch.exp(sink - lse))
+    terms = weights * rowsums
+    return -(terms.sum(0).sum(-1) if terms.dim() == 3 else terms.sum(-1))
+
+
+def assert_grads_close(got, q, k, v, dout, *, out=None, lse=None, **options) -> None:
+    """The backward's (dq, dk, dv[, dsink]) ``got`` against the fp32 reference's gradients:
+    each within 2x the larger error of PyTorch's two low-precision computations (autograd's,
+    and FlashAttention's row sum: ``reference_grads(flash_rowsum=True)``) plus the floor and
+    half a unit in the last place of the gradient's largest value in its dtype (its final
+    rounding, which a gradient summed from few rows - a key seen by one query - cannot average
+    away, while PyTorch's error on it may happen to be small).
+
+    dsink (with ``learnable_sink``; needs the forward's ``out`` and ``lse``) is a sum of one
+    rounded row sum per query row, so its error against the reference is mostly the forward
+    output's own error (bounded by the forward's rule) carried through that sum: it must equal
+    that sum over the forward's out and lse (float64) to float32 accuracy, and the reference
+    within 2x PyTorch's error plus the error the output carries."""
+    want = reference_grads(q, k, v, dout, **options)
+    low = reference_grads(q, k, v, dout, upcast=False, **options)
+    flash = reference_grads(q, k, v, dout, upcast=False, flash_rowsum=True, **options)
+    for name, g, ref, pt, pt_flash in zip(("dq", "dk", "dv"), got, want, low, flash):
+        assert_close_to_reference(
+            name, g, ref, (pt, pt_flash), floor=1e-4 + half_ulp(ref.abs().max().item(), g.dtype)
+        )
+    if len(got) == 4:
+        if out is None or lse is None:
+            raise ValueError("checking dsink needs the forward's out and lse")
+        from cuteattn.reference import attention
+
+        sink = options["learnable_sink"]
+        from_rows = dsink_from_rows(sink, lse, out, dout)
+        gap = (got[3].double() - from_rows).abs().max().item()
+        if not gap <= 1e-5 * (1.0 + from_rows.abs().max().item()):
+            raise AssertionError(f"dsink: {gap:.3e} away from its row sum over out and lse")
+        exact_out, exact_lse = attention(q, k, v, **options)
+        carried = (from_rows - dsink_from_rows(sink, exact_lse, exact_out, dout)).abs().max()
+        assert_close_to_reference(
+            "dsink", got[3], want[3], (low[3], flash[3]), floor=1e-4 + carried.item()
+        )
+
+
+def param_id(value) -> str:
+    """A pytest id: dtypes without their ``torch.`` prefix, anything else as str()."""
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return str(value)
+
+
+def skip_unless_family_runs(family: str) -> None:
+    """pytest.skip unless kernel family ``family`` runs on this GPU."""
+    import pytest
+
+    from cuteattn.plan import get_family
+    from cuteattn.runtime.arch import device_arch
+
+    if not get_family(family).supports(device_arch(torch.device("cuda"))):
+        pytest.skip(f"family {family} does not run on this GPU")

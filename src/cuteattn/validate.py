@@ -234,6 +234,109 @@ def check_grad_buffers(q, k, v, dout, out, *, dq=None, dk=None, dv=None):
             )
 
 
+def check_sink(learnable_sink, q):
+    """The learnable sink: None, or one fp32 logit per query head, (heads_q,), on q's device."""
+    if learnable_sink is None:
+        return
+    _tensor("learnable_sink", learnable_sink)
+    heads_q = q.shape[2]
+    if tuple(learnable_sink.shape) != (heads_q,):
+        raise ValueError(
+            f"learnable_sink must have shape (heads_q,) = ({heads_q},), "
+            f"got {tuple(learnable_sink.shape)}"
+        )
+    if learnable_sink.dtype != torch.float32:
+        raise TypeError(f"learnable_sink must be torch.float32, got {learnable_sink.dtype}")
+    if learnable_sink.device != q.device:
+        raise ValueError(
+            f"learnable_sink must be on the device of q ({q.device}), got {learnable_sink.device}"
+        )
+
+
+VARLEN_LAYOUT = "(total, heads, dim)"
+# Checks that need the tensors' contents (a host sync) run only under this switch.
+CHECK_INPUTS_ENV = "CUTEATTN_CHECK_INPUTS"
+
+
+def check_varlen_packed(q, k, v, out=None):
+    """Packed (total, heads, dim) q, k, v (and out): ranks here, everything else as
+    ``check_forward`` on their (1, total, heads, dim) views."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if x is None:
+            continue
+        _tensor(name, x)
+        _rank(name, x, 3, VARLEN_LAYOUT + " for varlen")
+    view = (lambda x: None if x is None else x.unsqueeze(0))
+    check_forward(view(q), view(k), view(v), view(out))
+
+
+def check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k):
+    """The varlen bookkeeping: int32 1-D cumulative lengths of one length (batch + 1 >= 1),
+    int maxima >= 0, seqused_k None or int32 (batch,). What needs their values is
+    ``check_varlen_contents``'s."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _tensor(name, cu)
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be torch.int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 1:
+            raise ValueError(f"{name} must be 1-D of length batch + 1 >= 1, got {tuple(cu.shape)}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must have one length (batch + 1), got "
+            f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
+        )
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    if seqused_k is not None:
+        _tensor("seqused_k", seqused_k)
+        if seqused_k.dtype != torch.int32:
+            raise TypeError(f"seqused_k must be torch.int32, got {seqused_k.dtype}")
+        batch = cu_seqlens_q.shape[0] - 1
+        if tuple(seqused_k.shape) != (batch,):
+            raise ValueError(f"seqused_k must have shape (batch,) = ({batch},), got {tuple(seqused_k.shape)}")
+
+
+def check_varlen_devices(q, **tensors):
+    """The varlen bookkeeping tensors on q's device."""
+    for name, x in tensors.items():
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+
+
+def check_varlen_contents(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k):
+    """Under CUTEATTN_CHECK_INPUTS=1 (it reads the tensors: a host sync): the cumulative
+    lengths start at 0, never decrease and end within the packed tensors; no sequence is longer
+    than its max_seqlen (the kernels size their grids by it and assume it); seqused_k within
+    each sequence's keys. Without the switch the kernels assume all of it."""
+    import os
+
+    if os.environ.get(CHECK_INPUTS_ENV, "0") in ("", "0"):
+        return
+    for name, cu, total, longest in (
+        ("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+        ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k),
+    ):
+        values = cu.tolist()
+        if values[0] != 0 or any(b < a for a, b in zip(values, values[1:])):
+            raise ValueError(f"{name} must start at 0 and never decrease, got {values}")
+        if values[-1] > total:
+            raise ValueError(f"{name}[-1] = {values[-1]} exceeds the packed length {total}")
+        lengths = [b - a for a, b in zip(values, values[1:])]
+        if lengths and max(lengths) > longest:
+            raise ValueError(
+                f"a sequence of {max(lengths)} rows is longer than max_seqlen "
+                f"({longest}) for {name}: the kernels assume none is"
+            )
+    if seqused_k is not None:
+        keys = [b - a for a, b in zip(cu_seqlens_k.tolist(), cu_seqlens_k.tolist()[1:])]
+        used = seqused_k.tolist()
+        if any(not 0 <= u <= n for u, n in zip(used, keys)):
+            raise ValueError(f"seqused_k must be within each sequence's keys {keys}, got {used}")
+
+
 def check_devices(q, k, v, out=None):
     """All tensors on the device of q, and that device a CUDA one."""
     for name, x in (("k", k), ("v", v), ("out", out)):

@@ -71,7 +71,8 @@ def test_explicit_plan_must_match_the_inputs(launches):
 
 
 def test_forced_family_that_cannot_take_the_problem(launches):
-    q, k, v = qkv(dim=40)
+    q, k, _ = qkv(dim=64)
+    _, _, v = qkv(dim=32)  # dim_v != dim: no family yet
     with pytest.raises(NotImplementedError, match=r"kernel family 'sm80' cannot run this problem"):
         api.forward(q, k, v, family="sm80")
     with pytest.raises(NotImplementedError, match=r"no kernel family can run this problem"):

@@ -52,7 +52,9 @@ def test_signature_is_flash_attn_2s_then_keyword_only():
     positional = [p for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     keyword_only = [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert [(p.name, p.default) for p in positional] == FLASH_ATTN_2_ORDER
-    assert [(p.name, p.default) for p in keyword_only] == [("return_lse", False), ("out", None)]
+    assert [(p.name, p.default) for p in keyword_only] == [
+        ("return_lse", False), ("out", None), ("learnable_sink", None)
+    ]
     assert len(params) == len(positional) + len(keyword_only)
 
 
@@ -143,7 +145,6 @@ def test_window_default_and_none_as_unbounded(launches, window, causal):
         ({"dropout_p": 0.1}, r"dropout_p=0.1: dropout is not supported"),
         ({"alibi_slopes": torch.ones(4)}, r"alibi_slopes is not supported"),
         ({"return_attn_probs": True}, r"return_attn_probs=True is not supported.*return_lse=True"),
-        ({"softcap": 30.0}, r"softcap is not supported"),
     ],
 )
 def test_unsupported_options(launches, kwargs, message):
@@ -335,3 +336,49 @@ def test_flash_attn_func_and_forward_reach_the_same_plan(launches):
     api.forward(q, k, v, causal=True)
     assert launches[0]["plan"] == launches[1]["plan"]
     assert launches[0]["plan"].arch == "sm_90a" and launches[0]["plan"].head_dim == 128
+
+
+# Local windows ----------------------------------------------------------------------------
+
+
+def test_local_windows_reach_the_plan(launches):
+    """A window is a plan option with causal off; causal forces its right bound to 0; (-1, 0)
+    is the causal plan itself."""
+    q, k, v = qkv()
+    cases = [
+        (dict(window_size=(16, 0)), False, (16, 0)),
+        (dict(causal=True, window_size=(16, 4)), False, (16, 0)),
+        (dict(window_size=(None, 7)), False, (-1, 7)),
+        (dict(window_size=(-1, 0)), True, None),
+        (dict(window_size=(None, None)), False, None),
+    ]
+    for kwargs, causal, window in cases:
+        cuteattn.flash_attn_func(q, k, v, **kwargs)
+        plan = launches[-1]["plan"]
+        assert (plan.causal, plan.option("window")) == (causal, window), kwargs
+
+
+def test_local_windows_with_grad_record_the_training_op(launches):
+    q, k, v = (x.requires_grad_() for x in qkv())
+    cuteattn.flash_attn_func(q, k, v, window_size=(16, 0))
+    assert launches[-1]["plan"].option("window") == (16, 0)
+
+
+def test_window_bounds_that_hide_nothing_are_unbounded(launches):
+    """A left bound >= seqlen_k or a right bound >= seqlen_q hides nothing: unbounded (huge
+    values never reach the kernels' 32-bit arithmetic, nor compile kernels of their own)."""
+    import sys
+
+    q, k, v = qkv()  # seqlen_q 16, seqlen_k 24
+    cases = [
+        ((sys.maxsize, 0), True, None),
+        ((2**31 - 1, -1), False, None),
+        ((24, 3), False, (-1, 3)),
+        ((23, 3), False, (23, 3)),
+        ((5, 16), False, (5, -1)),
+        ((5, 15), False, (5, 15)),
+    ]
+    for window, causal, planned in cases:
+        cuteattn.flash_attn_func(q, k, v, window_size=window)
+        plan = launches[-1]["plan"]
+        assert (plan.causal, plan.option("window")) == (causal, planned), window

@@ -396,7 +396,19 @@ def test_family_backend_forces_its_family(monkeypatch):
     monkeypatch.setattr(api, "forward", fake_forward)
     call = load_backend("cuteattn-sm80")("q", "k", "v", True)
     assert call() == "out"
-    assert calls == [{"causal": True, "family": "sm80"}]
+    assert calls == [
+        {"causal": True, "window_size": (-1, -1), "softcap": 0.0, "family": "sm80"}
+    ]
+    load_backend("cuteattn-sm80", softcap=50.0, window=(4096, 0))("q", "k", "v", False)()
+    assert calls[-1] == {
+        "causal": False, "window_size": (4096, 0), "softcap": 50.0, "family": "sm80"
+    }
+
+
+def test_sdpa_backends_have_no_softcap():
+    bind = load_backend("sdpa-flash", softcap=30.0)
+    with pytest.raises(ValueError, match=r"SDPA has no softcap"):
+        bind("q", "k", "v", False)
 
 
 @pytest.mark.parametrize("backend", ["sdpa-flash", "sdpa-cudnn"])
@@ -488,3 +500,55 @@ def test_backward_rows_count_two_and_a_half_forwards():
     backward = ShapeResult(shape, {"cuteattn": 2.0}, BACKWARD_FLOPS_FACTOR)
     assert backward.tflops("cuteattn") == pytest.approx(2.5 * forward.tflops("cuteattn"))
     assert "TFLOP/s, backward" in format_table([backward], ["cuteattn"], "bwd")
+
+
+def test_softcap_option():
+    assert build_parser().parse_args([]).softcap == 0.0
+    assert build_parser().parse_args(["--softcap", "50"]).softcap == 50.0
+    for bad in ("-1", "inf", "x"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--softcap", bad])
+
+
+def test_window_option():
+    assert build_parser().parse_args([]).window == (-1, -1)
+    assert build_parser().parse_args(["--window", "4096,0"]).window == (4096, 0)
+    for bad in ("-2,0", "4096", "a,b"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--window", bad])
+    with pytest.raises(ValueError, match=r"local window"):
+        load_backend("sdpa-cudnn", window=(128, 0))("q", "k", "v", False)
+
+
+def test_varlen_rows():
+    """--varlen: one packed row per (dim, causal), lengths 128..8192 summing to --tokens, the
+    same every run; FLOPs sum the sequences' own squares."""
+    from cuteattn.bench.runner import attention_flops, varlen_lengths
+
+    shapes = grid_from_args(build_parser().parse_args(["--varlen", "--dims", "64,128"]))
+    assert [(s.dim, s.causal) for s in shapes] == [
+        (64, False), (64, True), (128, False), (128, True)
+    ]
+    lengths = shapes[0].lengths
+    assert sum(lengths) == 32768 and all(128 <= n <= 8192 for n in lengths)
+    assert lengths == varlen_lengths(32768) and len(set(lengths)) > 3
+    assert shapes[0].batch == len(lengths) and shapes[0].seqlen == max(lengths)
+    assert attention_flops(shapes[0]) == 4 * shapes[0].heads * 64 * sum(n * n for n in lengths)
+    assert attention_flops(shapes[1]) == attention_flops(shapes[0]) // 2
+    assert "varlen" in shapes[0].label()
+
+
+def test_varlen_binders(monkeypatch):
+    import cuteattn
+
+    calls = []
+
+    def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
+        calls.append((cu_q, max_q, kwargs))
+        return "out"
+
+    monkeypatch.setattr(cuteattn, "flash_attn_varlen_func", fake_varlen)
+    assert load_backend("cuteattn")("q", "k", "v", True, varlen=("cu", 700))() == "out"
+    assert calls[-1][:2] == ("cu", 700) and calls[-1][2]["causal"] is True
+    with pytest.raises(ValueError, match=r"varlen"):
+        load_backend("sdpa-flash")("q", "k", "v", True, varlen=("cu", 700))

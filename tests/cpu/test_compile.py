@@ -8,6 +8,8 @@ arch, head dim, causal, dtype); deselected by default, run with ``pytest -m comp
 ``pytest -m compile`` runs both (plans compile once per process, so the overlap is free).
 """
 
+import dataclasses
+
 import pytest
 
 from cuteattn.arch import arch_from_name
@@ -139,3 +141,154 @@ def test_backward_preprocess_compiles(arch):
 
     for head_dim, dtype in ((64, "bf16"), (96, "fp16"), (256, "bf16")):
         assert compile_backward_preprocess(arch_from_name(arch).name, dtype, head_dim) is not None
+
+
+# Soft-capping (a plan option, so its own kernels): every kernel class once per target, both
+# causal modes and dtypes across the sample. (family, arch, head_dim, causal, dtype, kinds)
+SOFTCAP_CASES = (
+    ("sm80", "sm_80", 64, True, "bf16", ("forward", "backward")),
+    ("sm80", "sm_80", 256, False, "fp16", ("forward", "backward")),
+    ("sm80", "sm_120a", 128, True, "fp16", ("forward", "backward")),
+    ("sm80", "sm_90a", 96, False, "bf16", ("forward", "backward")),
+    ("sm90", "sm_90a", 128, True, "bf16", ("forward", "backward")),
+    ("sm90", "sm_90a", 64, False, "fp16", ("forward", "backward")),
+    ("sm90", "sm_90a", 256, True, "fp16", ("forward", "backward")),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", SOFTCAP_CASES, ids=lambda c: case_id(c[:5]) + "-softcap")
+def test_softcap_compiles(case):
+    family, arch, head_dim, causal, dtype, kinds = case
+    problem = Problem(
+        batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+        head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch), softcap=30.0,
+    )
+    for kind in kinds:
+        plan = (plan_forward if kind == "forward" else plan_backward)(problem, family=family)
+        assert plan.option("softcap") == 30.0, plan
+        compile_kernel = compile_forward if kind == "forward" else compile_backward
+        assert compile_kernel(plan) is not None, plan
+
+
+# The learnable sink (a forward plan option; the kernel takes the logits): each forward kernel
+# class per target, packed GQA included (sm90: a short query with 8 query heads per KV head).
+SINK_CASES = (
+    ("sm80", "sm_80", 128, True, "bf16"),
+    ("sm80", "sm_120a", 64, False, "fp16"),
+    ("sm90", "sm_90a", 128, True, "fp16"),
+    ("sm90", "sm_90a", 256, False, "bf16"),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", SINK_CASES, ids=lambda c: case_id(c) + "-sink")
+def test_sink_compiles(case):
+    family, arch, head_dim, causal, dtype = case
+    plans = set()
+    for seqlen in (1, 4096):
+        problem = Problem(
+            batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=8, heads_kv=1, head_dim=head_dim,
+            head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch), sink=True,
+        )
+        plans.add(plan_forward(problem, family=family))
+    for plan in plans:
+        assert plan.option("sink") is True, plan
+        assert compile_forward(plan) is not None, plan
+    if family == "sm90":
+        assert {plan.option("pack_gqa") for plan in plans} == {1, 8}
+
+
+# Local windows (a plan option): each kernel class per target, with a window bounded on both
+# sides, on the left only and on the right only; packed GQA on sm90; the backward too.
+WINDOW_CASES = (
+    ("sm80", "sm_80", 128, (256, 0), "bf16"),
+    ("sm80", "sm_120a", 64, (5, 17), "fp16"),
+    ("sm80", "sm_90a", 256, (-1, 64), "bf16"),
+    ("sm90", "sm_90a", 128, (1000, -1), "bf16"),
+    ("sm90", "sm_90a", 64, (0, 0), "fp16"),
+    ("sm90", "sm_90a", 256, (256, 0), "bf16"),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "case", WINDOW_CASES, ids=lambda c: f"{c[0]}-{c[1]}-d{c[2]}-window{c[3][0]}_{c[3][1]}-{c[4]}"
+)
+def test_window_compiles(case):
+    family, arch, head_dim, window, dtype = case
+    plans = set()
+    for seqlen in (1, 4096):
+        problem = Problem(
+            batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=8, heads_kv=1, head_dim=head_dim,
+            head_dim_v=head_dim, dtype=dtype, causal=False, arch=arch_from_name(arch),
+            window=window,
+        )
+        plans.add(plan_forward(problem, family=family))
+    for plan in plans:
+        assert plan.option("window") == window, plan
+        assert compile_forward(plan) is not None, plan
+    # The backward, deterministic where the key tiles take turns at a query tile.
+    backward = plan_backward(
+        dataclasses.replace(problem, deterministic=head_dim != 64), family=family
+    )
+    assert backward.option("window") == window
+    assert compile_backward(backward) is not None, backward
+
+
+# Varlen (packed sequences; the sm80 family so far): each target, with seqused_k and a window;
+# forward, backward (deterministic where causal) and the varlen preprocess.
+VARLEN_CASES = (
+    ("sm_80", 64, True, "bf16", False, None),
+    ("sm_90a", 128, False, "fp16", True, (256, 0)),
+    ("sm_120a", 256, True, "bf16", True, None),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"sm80-{c[0]}-d{c[1]}-varlen")
+def test_varlen_compiles(case):
+    arch, head_dim, causal, dtype, seqused_k, window = case
+    problem = Problem(
+        batch=5, seqlen_q=1000, seqlen_k=3000, heads_q=8, heads_kv=2, head_dim=head_dim,
+        head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
+        varlen=True, seqused_k=seqused_k, window=window,
+    )
+    plan = plan_forward(problem)
+    assert (plan.family, plan.option("varlen")) == ("sm80", True), plan
+    assert compile_forward(plan) is not None, plan
+    backward = plan_backward(dataclasses.replace(problem, deterministic=causal))
+    assert (backward.family, backward.option("varlen")) == ("sm80", True), backward
+    assert compile_backward(backward) is not None, backward
+    from cuteattn.runtime.compile import compile_backward_preprocess
+
+    assert compile_backward_preprocess(
+        backward.arch, dtype, head_dim, varlen_rows_tile=backward.tile_m
+    ) is not None
+
+
+# Head dims between the kernels' (the sm90 forward pads them to the next one; the inputs keep
+# their own dim): short and long problems (persistent, packed GQA) per case.
+PADDED_DIM_CASES = (
+    (8, True, "bf16"), (40, False, "fp16"), (80, True, "bf16"), (160, False, "bf16"),
+    (248, True, "fp16"),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", PADDED_DIM_CASES, ids=lambda c: f"sm90-sm_90a-d{c[0]}-padded")
+def test_padded_head_dims_compile(case):
+    head_dim, causal, dtype = case
+    plans = set()
+    for seqlen in (1, 4096):
+        problem = Problem(
+            batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=8, heads_kv=1, head_dim=head_dim,
+            head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name("sm_90a"),
+        )
+        plans.add(plan_forward(problem))
+    for plan in plans:
+        assert plan.option("dim") == head_dim and plan.head_dim > head_dim, plan
+        assert compile_forward(plan) is not None, plan
+    backward = plan_backward(dataclasses.replace(problem, deterministic=causal))
+    assert backward.option("dim") == head_dim, backward
+    assert compile_backward(backward) is not None, backward

@@ -42,10 +42,13 @@ def cpu_launch(monkeypatch):
     """Run the op on CPU tensors: an sm_90a plan, the reference in place of the kernel."""
     calls = []
 
-    def launch(q, k, v, out, softmax_scale, plan):
+    def launch(q, k, v, out, softmax_scale, plan, sink=None):
         calls.append({"q": q, "out": out, "plan": plan, "softmax_scale": softmax_scale})
+        assert (sink is not None) == plan.option("sink", False)
         expected, lse = reference.attention(
-            q, k, v, softmax_scale=softmax_scale, causal=plan.causal
+            q, k, v, softmax_scale=softmax_scale, causal=plan.causal,
+            softcap=plan.option("softcap", 0.0), learnable_sink=sink,
+            window_size=plan.option("window") or (None, None),
         )
         out.copy_(expected)
         return lse
@@ -82,7 +85,8 @@ def test_the_op_is_registered_with_its_schema():
     assert OP.name() == "cuteattn::forward"
     assert str(OP._schema) == (
         "cuteattn::forward(Tensor q, Tensor k, Tensor v, Tensor(a3!) out, float softmax_scale, "
-        "bool causal, str? family) -> Tensor"
+        "bool causal, SymInt window_left, SymInt window_right, float softcap, "
+        "Tensor? learnable_sink, str? family) -> Tensor"
     )
 
 
@@ -93,13 +97,13 @@ def test_opcheck(cpu_launch, shape, causal):
     input requires grad) and aot_dispatch_dynamic: every opcheck test, the CPU launch real."""
     q, k, v = qkv(shape)
     out = torch.empty_like(q)
-    torch.library.opcheck(OP, (q, k, v, out, 0.125, causal, None))
-    torch.library.opcheck(OP, (q, k, v, out, 0.125, causal, "sm80"))
+    torch.library.opcheck(OP, (q, k, v, out, 0.125, causal, -1, -1, 0.0, None, None))
+    torch.library.opcheck(OP, (q, k, v, out, 0.125, causal, -1, -1, 0.0, None, "sm80"))
 
 
 def test_fp16(cpu_launch):
     q, k, v = qkv("mha", dtype=torch.float16)
-    torch.library.opcheck(OP, (q, k, v, torch.empty_like(q), 0.125, True, None))
+    torch.library.opcheck(OP, (q, k, v, torch.empty_like(q), 0.125, True, -1, -1, 0.0, None, None))
 
 
 # Eager ----------------------------------------------------------------------------------
@@ -137,9 +141,9 @@ def test_the_op_refuses_an_out_overlapping_an_input(cpu_launch):
     memory before the launch."""
     q, k, v = qkv("mha")
     with pytest.raises(ValueError, match=r"^out must not overlap q: "):
-        OP(q, k, v, q, 0.125, False, None)
+        OP(q, k, v, q, 0.125, False, -1, -1, 0.0, None, None)
     with pytest.raises(ValueError, match=r"^out must not overlap v: "):
-        OP(q, k, v, v, 0.125, False, None)
+        OP(q, k, v, v, 0.125, False, -1, -1, 0.0, None, None)
     assert cpu_launch == []
 
 
@@ -147,7 +151,7 @@ def test_the_op_refuses_a_misaligned_out(cpu_launch):
     q, k, v = qkv()
     out = torch.empty(q.numel() + 8, dtype=q.dtype)[1 : 1 + q.numel()].view(q.shape)
     with pytest.raises(ValueError, match=r"16-byte aligned start"):
-        OP(q, k, v, out, 0.125, False, None)
+        OP(q, k, v, out, 0.125, False, -1, -1, 0.0, None, None)
     assert cpu_launch == []
 
 
@@ -156,7 +160,7 @@ def test_the_op_makes_its_inputs_kernel_addressable(cpu_launch):
     misaligned = torch.empty(q.numel() + 8, dtype=q.dtype)[1 : 1 + q.numel()].view(q.shape)
     misaligned.copy_(q)
     out = torch.empty_like(q)
-    lse = OP(misaligned, k, v, out, 0.125, False, None)
+    lse = OP(misaligned, k, v, out, 0.125, False, -1, -1, 0.0, None, None)
     launched = cpu_launch[-1]["q"]
     assert launched is not misaligned and validate.kernel_addressable(launched)
     assert_matches_reference(out, lse, q, k, v, causal=False, softmax_scale=0.125)
@@ -235,7 +239,7 @@ def test_compile_fullgraph_traces_one_op(no_launch):
         q, k, v = qkv(device="cuda")
         out, lse = torch.compile(attention, backend=recorder, fullgraph=True)(q, k, v)
     (call,) = recorder.op_calls()
-    assert call.args[4:] == (64**-0.5, True, None)
+    assert call.args[4:] == (64**-0.5, True, -1, -1, 0.0, None, None)
     assert out.shape == q.shape and lse.shape == (2, 4, 16) and lse.dtype == torch.float32
 
 
@@ -247,7 +251,7 @@ def test_compile_fullgraph_with_a_given_out(no_launch):
         got, _ = torch.compile(attention_into, backend=recorder, fullgraph=True)(q, k, v, out)
     (call,) = recorder.op_calls()
     assert call.args[3].op == "placeholder"  # the caller's out, not a new buffer
-    assert call.args[4:] == (0.5, False, None)
+    assert call.args[4:] == (0.5, False, -1, -1, 0.0, None, None)
     assert got is out
 
 
@@ -297,8 +301,37 @@ def test_compiled_call_checks_out_memory_when_it_runs(cpu_launch):
 def test_planner_errors_reach_a_compiled_caller_unchanged(cpu_launch):
     """The fake implementation does not plan; the real one raises the planner's error, as
     eager calls do, before any launch."""
-    q, k, v = (torch.randn(1, 8, 2, 40, dtype=torch.bfloat16) for _ in range(3))
+    q, k = (torch.randn(1, 8, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(1, 8, 2, 32, dtype=torch.bfloat16)  # dim_v != dim: no family yet
     compiled = torch.compile(attention, backend="aot_eager", fullgraph=True)
     with pytest.raises(NotImplementedError, match=r"no kernel family can run this problem"):
         compiled(q, k, v)
     assert cpu_launch == []
+
+
+def test_softcap_reaches_the_plan_and_the_kernel(cpu_launch):
+    """softcap travels through the op into the plan (an option of every family's plan); the
+    stand-in launch computes the reference with the plan's value, so the result shows it."""
+    q, k, v = qkv("gqa")
+    out = torch.empty_like(q)
+    lse = OP(q, k, v, out, 0.125, True, -1, -1, 5.0, None, None)
+    plan = cpu_launch[-1]["plan"]
+    assert plan.option("softcap") == 5.0
+    expected, expected_lse = reference.attention(q, k, v, softmax_scale=0.125, causal=True, softcap=5.0)
+    torch.testing.assert_close(out, expected.to(out.dtype))
+    torch.testing.assert_close(lse, expected_lse)
+    OP(q, k, v, out, 0.125, True, -1, -1, 0.0, None, "sm80")
+    assert cpu_launch[-1]["plan"].option("softcap") is None
+
+
+@pytest.mark.parametrize("window", [(3, 0), (-1, 5), (4, 4), (0, 0)])
+def test_windows_reach_the_plan_and_the_kernel(cpu_launch, window):
+    """A window travels through the op's two ints into the plan; the stand-in launch computes
+    the reference with the plan's window."""
+    q, k, v = qkv("gqa")
+    out = torch.empty_like(q)
+    lse = OP(q, k, v, out, 0.125, False, *window, 0.0, None, None)
+    assert cpu_launch[-1]["plan"].option("window") == window
+    expected, expected_lse = reference.attention(q, k, v, softmax_scale=0.125, window_size=window)
+    torch.testing.assert_close(out, expected.to(out.dtype))
+    torch.testing.assert_close(lse, expected_lse)

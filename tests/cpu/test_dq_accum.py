@@ -29,3 +29,24 @@ def test_postprocess_reads_every_chunk_and_skips_padding(chunks, row_pad, stride
     result = dq_from_accum(accum, 0.125, dq)
     assert result is dq
     torch.testing.assert_close(dq.float(), (expected * 0.125).bfloat16().float())
+
+
+@pytest.mark.parametrize(
+    "chunks,row_pad,kernel_dim,dim", [(1, 0, 64, 40), (2, 8, 64, 40), (2, 8, 128, 104), (4, 8, 256, 200)]
+)
+def test_postprocess_drops_the_padded_columns(chunks, row_pad, kernel_dim, dim):
+    """A padded kernel accumulates kernel_dim columns (chunked); dq keeps the first dim."""
+    batch, seqlen_q, heads, tile_m = 2, 70, 3, 64
+    rows = -(-seqlen_q // tile_m) * tile_m
+    q = torch.empty(batch, seqlen_q, heads, dim, dtype=torch.bfloat16)
+    accum = new_dq_accum(q, rows, chunks, row_pad, head_dim=kernel_dim)
+    chunk_dim = kernel_dim // chunks
+    assert accum.shape == (batch, heads, chunks, rows, chunk_dim + row_pad)
+    full = torch.randn(batch, seqlen_q, heads, kernel_dim)
+    accum.fill_(float("nan"))
+    for c in range(chunks):
+        columns = full[..., c * chunk_dim : (c + 1) * chunk_dim]
+        accum[:, :, c, :seqlen_q, :chunk_dim] = columns.permute(0, 2, 1, 3)
+    dq = torch.empty(batch, seqlen_q, heads, dim, dtype=torch.bfloat16)
+    assert dq_from_accum(accum, 0.5, dq, kernel_dim=kernel_dim) is dq
+    torch.testing.assert_close(dq.float(), (full[..., :dim] * 0.5).bfloat16().float())

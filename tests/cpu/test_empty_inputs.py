@@ -59,3 +59,14 @@ def test_backward_without_kernel_fills_given_buffers():
     grads = ops.backward_without_kernel(q, k, v, dq=buffers[0], dk=buffers[1], dv=buffers[2])
     for grad, buffer in zip(grads, buffers):
         assert grad is buffer and torch.count_nonzero(buffer) == 0
+
+
+def test_forward_without_kernel_with_a_sink():
+    """No key, a learnable sink: out = 0 and lse = the sink (the only term of the denominator)."""
+    q, k, v = qkv(2, 16, 0)
+    sink = torch.randn(4)
+    out = torch.full(ops.out_shape(q, v), float("nan"))
+    lse = ops.forward_without_kernel(q, out, sink)
+    ref_out, ref_lse = reference(q, k, v, learnable_sink=sink)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(lse, ref_lse)

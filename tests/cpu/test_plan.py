@@ -112,12 +112,21 @@ def test_plans_are_hashable_cache_keys():
     assert len(plans) == 2 * len(SUPPORTED_HEAD_DIMS)
 
 
-@pytest.mark.parametrize("head_dim", (32, 40, 72, 160))
-def test_head_dims_no_family_supports(head_dim):
+@pytest.mark.parametrize("head_dim", (8, 32, 40, 72, 160, 248))
+def test_head_dims_between_the_kernels(head_dim):
+    """The sm90 family pads a head dim between its kernels' to the next one (plan option
+    ("dim", d)), forward and backward; the sm80 family refuses it, naming the rule."""
+    plan = plan_forward(problem(head_dim=head_dim))
+    kernel_dim = min(d for d in (64, 96, 128, 192, 256) if d >= head_dim)
+    assert (plan.family, plan.head_dim, plan.option("dim")) == ("sm90", kernel_dim, head_dim)
+    assert check_plan(plan, problem(head_dim=head_dim)) is plan
     with pytest.raises(NotImplementedError, match=rf"head_dim {head_dim} is not one of \(64, 96"):
-        plan_forward(problem(head_dim=head_dim))
+        plan_forward(problem(head_dim=head_dim, arch="sm_80"))
     with pytest.raises(NotImplementedError, match=r"kernel family 'sm80' cannot run"):
         plan_forward(problem(head_dim=head_dim), family="sm80")
+    backward = plan_backward(problem(head_dim=head_dim))
+    assert (backward.head_dim, backward.option("dim")) == (kernel_dim, head_dim)
+    assert check_plan(backward, problem(head_dim=head_dim)) is backward
 
 
 def test_unsupported_requests():
@@ -359,3 +368,71 @@ def test_hopper_backward_family(head_dim):
     from cuteattn.kernels.sm90.family import backward_smem_bytes
 
     assert backward_smem_bytes(head_dim) <= arch_from_name("sm_90a").smem_per_block
+
+
+@pytest.mark.parametrize("family,arch", [("sm80", "sm_80"), ("sm80", "sm_90a"), ("sm90", "sm_90a")])
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_plans_carry_the_softcap_value(family, arch, head_dim):
+    """softcap is a compile-time value: an option of forward and backward plans of every family
+    (sorted among the family's own), absent when off; the plan is implementable either way."""
+    for softcap in (0.0, 30.0):
+        base = problem(head_dim=head_dim, causal=True, arch=arch, softcap=softcap)
+        for plan in (plan_forward(base, family=family), plan_backward(base, family=family)):
+            assert plan.option("softcap") == (softcap or None)
+            names = [name for name, _ in plan.options]
+            assert names == sorted(names)
+            assert get_family(family).can_implement(plan, arch_from_name(arch))
+            assert check_plan(plan, base) is plan
+
+
+def test_softcap_plans_are_distinct_keys_and_checked():
+    capped = plan_forward(problem(softcap=30.0))
+    assert capped != plan_forward(problem(softcap=50.0)) and capped != plan_forward(problem())
+    with pytest.raises(ValueError, match=r"softcap 30.0 \(the call asks for 50.0\)"):
+        check_plan(capped, problem(softcap=50.0))
+    with pytest.raises(ValueError, match=r"softcap"):
+        check_plan(plan_forward(problem()), problem(softcap=30.0))
+    family = get_family(capped.family)
+    for bad in (-1.0, 0.0, float("inf"), 30):
+        options = tuple((n, bad if n == "softcap" else v) for n, v in capped.options)
+        assert not family.can_implement(
+            dataclasses.replace(capped, options=options), arch_from_name("sm_90a")
+        )
+
+
+@pytest.mark.parametrize("family,arch", [("sm80", "sm_80"), ("sm90", "sm_90a")])
+def test_forward_plans_carry_the_sink_switch_and_backward_plans_do_not(family, arch):
+    call = problem(arch=arch, sink=True)
+    forward = plan_forward(call, family=family)
+    assert forward.option("sink") is True and check_plan(forward, call) is forward
+    with pytest.raises(ValueError, match=r"sink True \(the call asks for False\)"):
+        check_plan(forward, problem(arch=arch))
+    backward = plan_backward(call, family=family)
+    assert backward.option("sink") is None  # lse carries the sink into the backward
+    assert backward == plan_backward(problem(arch=arch), family=family)
+    bad = dataclasses.replace(
+        backward, options=tuple(sorted(backward.options + (("sink", True),)))
+    )
+    assert not get_family(family).can_implement(bad, arch_from_name(arch))
+
+
+@pytest.mark.parametrize("family,arch", [("sm80", "sm_80"), ("sm90", "sm_90a")])
+def test_window_plans(family, arch):
+    """A local window is a plan option of forward and backward plans (non-causal plan, each
+    value its own kernels); malformed windows are not implementable."""
+    call = problem(arch=arch, window=(256, 0))
+    plan = plan_forward(call, family=family)
+    assert plan.option("window") == (256, 0) and plan.causal is False
+    assert check_plan(plan, call) is plan
+    with pytest.raises(ValueError, match=r"window \(256, 0\) \(the call asks for None\)"):
+        check_plan(plan, problem(arch=arch))
+    backward = plan_backward(call, family=family)
+    assert backward.option("window") == (256, 0) and check_plan(backward, call) is backward
+    caps = arch_from_name(arch)
+    for bad in ((-1, -1), (-1, 0), (-2, 5), (3,), (1.5, 2), (True, 2)):
+        options = tuple(sorted(
+            [pair for pair in plan.options if pair[0] != "window"] + [("window", bad)]
+        ))
+        assert not get_family(family).can_implement(dataclasses.replace(plan, options=options), caps)
+    causal_windowed = dataclasses.replace(plan, causal=True)
+    assert not get_family(family).can_implement(causal_windowed, caps)

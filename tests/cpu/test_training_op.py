@@ -77,9 +77,11 @@ def cpu_launches(monkeypatch):
     """Both launches on CPU tensors through the reference; each call is recorded."""
     calls = []
 
-    def launch_forward(q, k, v, out, softmax_scale, plan):
+    def launch_forward(q, k, v, out, softmax_scale, plan, sink=None):
         calls.append(("forward", plan, softmax_scale))
-        expected, lse = reference.attention(q, k, v, softmax_scale=softmax_scale, causal=plan.causal)
+        expected, lse = reference.attention(
+            q, k, v, softmax_scale=softmax_scale, causal=plan.causal, learnable_sink=sink
+        )
         out.copy_(expected)
         return lse
 
@@ -108,11 +110,13 @@ def no_launch(monkeypatch):
 def test_the_ops_are_registered_with_their_schemas():
     assert str(ATTENTION._schema) == (
         "cuteattn::attention(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, "
+        "SymInt window_left, SymInt window_right, float softcap, Tensor? learnable_sink, "
         "str? family, bool deterministic) -> (Tensor, Tensor)"
     )
     assert str(BACKWARD._schema) == (
         "cuteattn::backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "float softmax_scale, bool causal, str? family, bool deterministic) -> "
+        "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, "
+        "float softcap, str? family, bool deterministic) -> "
         "(Tensor, Tensor, Tensor)"
     )
 
@@ -188,13 +192,13 @@ def test_opcheck(cpu_launches, causal):
     """Schemas, fake vs real metadata, autograd registration, aot_dispatch: every opcheck
     test, with the CPU launches real."""
     q, k, v = qkv()
-    torch.library.opcheck(ATTENTION, (q, k, v, 0.125, causal, None, False))
+    torch.library.opcheck(ATTENTION, (q, k, v, 0.125, causal, -1, -1, 0.0, None, None, False))
     with torch.no_grad():
-        out, lse = ATTENTION(q, k, v, 0.125, causal, None, False)
+        out, lse = ATTENTION(q, k, v, 0.125, causal, -1, -1, 0.0, None, None, False)
     dout = torch.randn_like(out)
     for deterministic in (False, True):
-        args = (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.125, causal, None,
-                deterministic)
+        args = (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.125, causal, -1, -1,
+                0.0, None, deterministic)
         torch.library.opcheck(BACKWARD, args)
 
 
@@ -270,3 +274,42 @@ def test_compiled_training_step_equals_eager(cpu_launches):
     compiled(q, k, v).backward()
     for got, want in zip((q.grad, k.grad, v.grad), eager):
         assert torch.equal(got, want)
+
+
+def test_sink_grad_matches_the_reference_autograd():
+    """ops.sink_grad (what the attention op's backward returns for the sink) against autograd
+    through the fp32 reference."""
+    q, k, v = (x.float() for x in qkv(requires_grad=False, shape=(2, 20, 24, 4, 2, 32)))
+    sink = torch.randn(4, requires_grad=True)
+    out, lse = reference.attention(q, k, v, causal=True, learnable_sink=sink)
+    dout = torch.randn_like(out)
+    (out * dout).sum().backward()
+    got = ops.sink_grad(sink.detach(), lse.detach(), out.detach(), dout)
+    torch.testing.assert_close(got, sink.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_the_sink_gets_its_gradient_through_autograd(cpu_launches):
+    """flash_attn_func(learnable_sink=) records the attention op; its backward returns dsink
+    (a sink that alone requires grad is enough to record it)."""
+    q, k, v = qkv(requires_grad=False)
+    sink = torch.randn(4, requires_grad=True)
+    out = cuteattn.flash_attn_func(q, k, v, causal=True, learnable_sink=sink)
+    assert cpu_launches[-1][0] == "forward" and cpu_launches[-1][1].option("sink") is True
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref_sink = sink.detach().clone().requires_grad_()
+    ref_out, _ = reference.attention(q, k, v, causal=True, learnable_sink=ref_sink)
+    torch.testing.assert_close(out, ref_out.to(out.dtype))
+    (ref_out * dout.float()).sum().backward()
+    torch.testing.assert_close(sink.grad, ref_sink.grad, atol=2e-2, rtol=2e-2)
+
+
+def test_sink_grad_of_rows_without_keys_and_a_sink_of_minus_inf():
+    """lse = -inf rows (no key, sink -inf) weigh 0 in dsink, not NaN."""
+    sink = torch.tensor([float("-inf"), 0.5])
+    lse = torch.tensor([[[float("-inf"), float("-inf")], [0.5, 1.0]]])  # (1, heads, rows)
+    out = torch.zeros(1, 2, 2, 4)
+    out[0, :, 1] = 1.0
+    dout = torch.ones(1, 2, 2, 4)
+    got = ops.sink_grad(sink, lse, out, dout)
+    assert torch.isfinite(got).all() and got[0] == 0

@@ -72,11 +72,12 @@ def test_head_dim_above_256(dim):
 
 @pytest.mark.parametrize("dim", [32, 40, 160])
 def test_head_dims_without_a_kernel_are_the_planners_to_reject(dim):
-    """Well-formed head dims pass validation; the planner says no family supports them."""
+    """Well-formed head dims pass validation; where no family has a kernel for them (sm_80:
+    no padding), the planner says so."""
     q, k, v = qkv(dim=dim)
     validate.check_forward(q, k, v)
     with pytest.raises(NotImplementedError, match=rf"head_dim {dim} is not one of"):
-        plan_forward(problem_of(q, k, v))
+        plan_forward(problem_of(q, k, v, arch="sm_80"))
 
 
 def test_head_dim_not_multiple_of_8():
@@ -174,16 +175,10 @@ def test_bad_softmax_scale(scale):
         call(q, k, v, softmax_scale=scale)
 
 
-def test_local_window_not_implemented():
+def test_softcap_must_be_a_number():
     q, k, v = qkv()
-    with pytest.raises(NotImplementedError, match=r"local attention"):
-        call(q, k, v, window_size=(16, 0))
-
-
-def test_softcap_not_implemented():
-    q, k, v = qkv()
-    with pytest.raises(NotImplementedError, match=r"softcap"):
-        call(q, k, v, softcap=30.0)
+    with pytest.raises(TypeError, match=r"softcap must be a float"):
+        call(q, k, v, softcap="30")
 
 
 def test_bad_input_is_reported_before_unsupported_options():
@@ -195,27 +190,24 @@ def test_bad_input_is_reported_before_unsupported_options():
 @pytest.mark.parametrize(
     "causal,window,expected",
     [
-        (False, (None, None), False),
-        (False, (-1, -1), False),
-        (True, (None, None), True),
-        (True, (-1, 5), True),  # causal forces the right bound to 0
-        (False, (-1, 0), True),
-        (False, (None, 0), True),
-        (False, (torch.tensor(-1), 0), True),  # any integer type, as the reference accepts
+        (False, (None, None), (False, -1, -1)),
+        (False, (-1, -1), (False, -1, -1)),
+        (True, (None, None), (True, -1, -1)),
+        (True, (-1, 5), (True, -1, -1)),  # causal forces the right bound to 0
+        (False, (-1, 0), (True, -1, -1)),
+        (False, (None, 0), (True, -1, -1)),
+        (False, (torch.tensor(-1), 0), (True, -1, -1)),  # any integer type, as the reference
+        (False, (16, 0), (False, 16, 0)),
+        (True, (16, None), (False, 16, 0)),
+        (False, (0, 3), (False, 0, 3)),
+        (False, (None, 64), (False, -1, 64)),
+        (False, (5, None), (False, 5, -1)),
     ],
 )
-def test_resolve_causal(causal, window, expected):
-    from cuteattn.api import resolve_causal
+def test_resolve_mask(causal, window, expected):
+    from cuteattn.api import resolve_mask
 
-    assert resolve_causal(causal, window) is expected
-
-
-@pytest.mark.parametrize("causal,window", [(False, (16, 0)), (True, (16, None)), (False, (0, 3))])
-def test_resolve_causal_rejects_local_windows(causal, window):
-    from cuteattn.api import resolve_causal
-
-    with pytest.raises(NotImplementedError, match=r"local attention"):
-        resolve_causal(causal, window)
+    assert resolve_mask(causal, window) == expected
 
 
 @pytest.mark.parametrize("window", [(True, None), (1.5, None), ("2", 0)])
@@ -297,3 +289,15 @@ def test_noncontiguous_inputs_are_copied_not_misread():
         assert not validate.kernel_addressable(x)
         fixed = validate.kernel_ready(x)
         assert validate.kernel_addressable(fixed) and torch.equal(fixed, x)
+
+
+def test_learnable_sink_rules():
+    q, k, v = qkv()  # 4 query heads
+    with pytest.raises(TypeError, match=r"learnable_sink must be a torch.Tensor"):
+        call(q, k, v, learnable_sink=[0.0] * 4)
+    with pytest.raises(ValueError, match=r"learnable_sink must have shape \(heads_q,\) = \(4,\)"):
+        call(q, k, v, learnable_sink=torch.zeros(2))
+    with pytest.raises(TypeError, match=r"learnable_sink must be torch.float32"):
+        call(q, k, v, learnable_sink=torch.zeros(4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"learnable_sink must be on the device of q"):
+        call(q, k, v, learnable_sink=torch.zeros(4, device="meta"))

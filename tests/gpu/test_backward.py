@@ -140,7 +140,9 @@ def test_backward_preprocess(head_dim):
     lse_log2 = torch.full((batch, heads, rows), float("nan"), device="cuda")
     dpsum = torch.full_like(lse_log2, float("nan"))
     arch = device_arch(torch.device("cuda")).name
-    compile_backward_preprocess(arch, "bf16", head_dim)(out, dout, lse, lse_log2, dpsum)
+    compile_backward_preprocess(arch, "bf16", head_dim)(
+        out, dout, lse, lse_log2, dpsum, None, 0
+    )
     torch.cuda.synchronize()
     want = (dout.double() * out.double()).sum(-1).transpose(1, 2)
     torch.testing.assert_close(dpsum[:, :, :seqlen_q].double(), want, atol=1e-3, rtol=1e-5)

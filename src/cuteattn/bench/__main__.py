@@ -33,6 +33,7 @@ from .runner import (
     log_to_stderr,
     parse_extra_shape,
     run_benchmark,
+    varlen_grid,
     write_csv,
 )
 
@@ -55,6 +56,26 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _window(text: str) -> tuple[int, int]:
+    try:
+        left, right = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT integers, got {text!r}") from None
+    if left < -1 or right < -1:
+        raise argparse.ArgumentTypeError(f"window bounds must be >= -1, got {text!r}")
+    return left, right
 
 
 def _extra_shape(text: str) -> ExtraShape:
@@ -115,6 +136,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=tuple(MODE_NAMES), default="fwd",
                         help="time the forward, or the backward of a recorded forward (FLOPs "
                              f"counted as {BACKWARD_FLOPS_FACTOR}x the forward's) (default: fwd)")
+    parser.add_argument("--softcap", type=_non_negative_float, default=0.0,
+                        help="soft-cap the scores at this value in every row (0: off, the "
+                             "default); backends without it (SDPA) are left out")
+    parser.add_argument("--window", type=_window, default=(-1, -1), metavar="LEFT,RIGHT",
+                        help="a local window in every row (flash-attn's window_size, -1 "
+                             "unbounded; default -1,-1: none); TFLOP/s still count the rows' "
+                             "dense (or causal) FLOPs, so a windowed row's ratio to the same "
+                             "row without the window is its speed-up")
+    parser.add_argument("--varlen", action="store_true",
+                        help="time packed varlen batches instead of the seqlen grid: one row per "
+                             "(dim, causal), sequences of mixed lengths 128..8192 summing to "
+                             "--tokens (flash_attn_varlen_func; backends without it are left out)")
     parser.add_argument("--rounds", type=_positive_int, default=5,
                         help="interleaved rounds per shape; the median is reported (default: 5)")
     parser.add_argument("--iters", type=_positive_int, default=10,
@@ -125,18 +158,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def grid_from_args(args: argparse.Namespace) -> list[Shape]:
     """The rows to time; ValueError where --heads-kv (or a row's heads_kv) does not divide heads."""
+    if args.varlen:
+        return varlen_grid(
+            args.dims, CAUSAL_MODES[args.causal], args.tokens, args.hidden, heads_kv=args.heads_kv
+        )
     return build_grid(
         args.dims, args.seqlens, CAUSAL_MODES[args.causal], args.tokens, args.hidden,
         heads_kv=args.heads_kv, extra=args.extra_shape,
     )
 
 
-def load_available(names: Sequence[str]) -> dict[str, Binder]:
+def load_available(
+    names: Sequence[str], *, softcap: float = 0.0, window: tuple[int, int] = (-1, -1)
+) -> dict[str, Binder]:
     """Load each named backend; one that fails to import is reported once and left out."""
     binders = {}
     for name in names:
         try:
-            binders[name] = load_backend(name)
+            binders[name] = load_backend(name, softcap=softcap, window=window)
         except Exception as exc:  # noqa: BLE001 - any import failure means "not available here"
             log_to_stderr(f"{name}: unavailable: {one_line(exc)}")
     return binders
@@ -155,9 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(format_environment(collect_environment()))
     print(f"# mode: {MODE_NAMES[args.mode]}, dtype: {args.dtype}, tokens: {args.tokens}, hidden: {args.hidden}, "
-          f"heads_kv: {args.heads_kv or 'heads (MHA)'}, rounds: {args.rounds}, iters: {args.iters}")
+          f"heads_kv: {args.heads_kv or 'heads (MHA)'}, rounds: {args.rounds}, iters: {args.iters}"
+          + (f", softcap: {args.softcap}" if args.softcap else "")
+          + (f", window: {args.window}" if args.window != (-1, -1) else ""))
 
-    binders = load_available(args.backends)
+    binders = load_available(args.backends, softcap=args.softcap, window=args.window)
     if not binders:
         print("cuteattn.bench: no backend could be loaded", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
 """One adapter per attention backend, all fed the same tensors.
 
-Every adapter is loaded by name and yields a binder: ``bind(q, k, v, causal)`` returns a
-zero-argument call that runs one forward pass. Binding happens outside the timed region, so any
+Every adapter is loaded by name (with the run's score options: ``softcap``, ``window``) and yields a
+binder: ``bind(q, k, v, causal)`` returns a zero-argument call that runs one forward pass; a
+backend without an option raises ValueError at bind time (that row skips it). Binding happens outside the timed region, so any
 per-shape setup (views, keyword plumbing) is not measured. Inputs always arrive in the flash-attn
 layout (batch, seqlen, heads, dim); k and v may have fewer heads than q (GQA / MQA).
 
@@ -24,43 +25,68 @@ class UnknownBackendError(ValueError):
     """Raised when the user names a backend this benchmark does not know."""
 
 
-def _cuteattn_loader(deterministic: bool = False) -> Callable[[], Binder]:
-    def load() -> Binder:
+def _cuteattn_loader(deterministic: bool = False) -> Callable[..., Binder]:
+    def load(softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> Binder:
         import cuteattn  # late: keeps listing backends cheap; compiling pulls in the CuTe DSL
 
         attention = cuteattn.flash_attn_func
 
-        def bind(q, k, v, causal):
-            return lambda: attention(q, k, v, causal=causal, deterministic=deterministic)
+        def bind(q, k, v, causal, varlen=None):
+            if varlen is not None:
+                cu_seqlens, longest = varlen
+                return lambda: cuteattn.flash_attn_varlen_func(
+                    q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal,
+                    window_size=window, softcap=softcap, deterministic=deterministic,
+                )
+            return lambda: attention(
+                q, k, v, causal=causal, window_size=window, softcap=softcap,
+                deterministic=deterministic,
+            )
 
         return bind
 
     return load
 
 
-def _cuteattn_family_loader(family: str) -> Callable[[], Binder]:
+def _cuteattn_family_loader(family: str) -> Callable[..., Binder]:
     """cuteattn with one kernel family forced (``api.forward(family=...)``), so families can be
     timed side by side on one GPU; a family that cannot run a shape is skipped there."""
 
-    def load() -> Binder:
+    def load(softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> Binder:
         from cuteattn import api
 
-        def bind(q, k, v, causal):
-            return lambda: api.forward(q, k, v, causal=causal, family=family)[0]
+        def bind(q, k, v, causal, varlen=None):
+            if varlen is not None:
+                import cuteattn
+
+                cu_seqlens, longest = varlen
+                return lambda: cuteattn.flash_attn_varlen_func(
+                    q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal,
+                    window_size=window, softcap=softcap, family=family,
+                )
+            return lambda: api.forward(
+                q, k, v, causal=causal, window_size=window, softcap=softcap, family=family
+            )[0]
 
         return bind
 
     return load
 
 
-def _sdpa_loader(sdp_backend: str) -> Callable[[], Binder]:
-    def load() -> Binder:
+def _sdpa_loader(sdp_backend: str) -> Callable[..., Binder]:
+    def load(softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> Binder:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention
 
         backend = getattr(SDPBackend, sdp_backend)
 
-        def bind(q, k, v, causal):
+        def bind(q, k, v, causal, varlen=None):
+            if varlen is not None:
+                raise ValueError("SDPA takes no packed varlen batch")
+            if softcap:
+                raise ValueError("SDPA has no softcap")
+            if tuple(window) != (-1, -1):
+                raise ValueError("SDPA's flash / cuDNN kernels take no local window here")
             # SDPA expects (batch, heads, seqlen, dim); transposed views avoid copies, and the
             # kernel pin makes SDPA raise instead of silently falling back to another kernel.
             # Fewer k/v heads than q heads (GQA / MQA) needs enable_gqa (torch >= 2.5); it is
@@ -82,17 +108,30 @@ def _sdpa_loader(sdp_backend: str) -> Callable[[], Binder]:
     return load
 
 
-def _fa4_loader(deterministic: bool = False) -> Callable[[], Binder]:
-    def load() -> Binder:
+def _fa4_loader(deterministic: bool = False) -> Callable[..., Binder]:
+    def load(softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> Binder:
         from flash_attn.cute import flash_attn_func
 
         # Only asked for when set: FA4 releases without the keyword still load.
         flags = {"deterministic": True} if deterministic else {}
+        if softcap:
+            flags["softcap"] = softcap
+        if tuple(window) != (-1, -1):
+            flags["window_size"] = tuple(None if bound == -1 else bound for bound in window)
 
-        def bind(q, k, v, causal):
+        def bind(q, k, v, causal, varlen=None):
             # FA4 takes fewer k/v heads than q heads (GQA / MQA) as they are.
             def call():
-                out = flash_attn_func(q, k, v, causal=causal, **flags)
+                if varlen is not None:
+                    from flash_attn.cute import flash_attn_varlen_func
+
+                    cu_seqlens, longest = varlen
+                    out = flash_attn_varlen_func(
+                        q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                        max_seqlen_q=longest, max_seqlen_k=longest, causal=causal, **flags,
+                    )
+                else:
+                    out = flash_attn_func(q, k, v, causal=causal, **flags)
                 # Some FA4 releases return (out, lse).
                 return out[0] if isinstance(out, tuple) else out
 
@@ -103,7 +142,7 @@ def _fa4_loader(deterministic: bool = False) -> Callable[[], Binder]:
     return load
 
 
-def _family_loaders() -> dict[str, Callable[[], Binder]]:
+def _family_loaders() -> dict[str, Callable[..., Binder]]:
     # The family registry is plain Python (no DSL import), so listing it here stays cheap.
     from cuteattn.plan import family_names
 
@@ -113,7 +152,7 @@ def _family_loaders() -> dict[str, Callable[[], Binder]]:
 # The deterministic variants differ in the backward only (``--mode bwd``): next to their plain
 # runs they give the cost of deterministic=True per row.
 DETERMINISTIC_SUFFIX = "-deterministic"
-LOADERS: dict[str, Callable[[], Binder]] = {
+LOADERS: dict[str, Callable[..., Binder]] = {
     "cuteattn": _cuteattn_loader(),
     "sdpa-flash": _sdpa_loader("FLASH_ATTENTION"),
     "sdpa-cudnn": _sdpa_loader("CUDNN_ATTENTION"),
@@ -133,9 +172,9 @@ def backward_binder(bind: Binder) -> Binder:
     once at bind time (inputs that require grad), each call computes dq, dk, dv for a fixed
     random dout through autograd (the graph retained)."""
 
-    def bind_backward(q, k, v, causal):
+    def bind_backward(q, k, v, causal, **extra):
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-        out = bind(*leaves, causal)()
+        out = bind(*leaves, causal, **extra)()
         dout = torch.randn_like(out)
         return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
 
@@ -154,9 +193,13 @@ def parse_backend_names(spec: str) -> list[str]:
     return names
 
 
-def load_backend(name: str) -> Binder:
-    """Import the backend's library and return its binder; import errors propagate."""
-    return LOADERS[name]()
+def load_backend(
+    name: str, *, softcap: float = 0.0, window: tuple[int, int] = (-1, -1)
+) -> Binder:
+    """Import the backend's library and return its binder for the run's score options
+    (``softcap``: 0 is off; ``window``: flash-attn's window_size, -1 unbounded); import errors
+    propagate."""
+    return LOADERS[name](softcap=softcap, window=window)
 
 
 def one_line(exc: BaseException) -> str:

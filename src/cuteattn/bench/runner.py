@@ -60,6 +60,9 @@ class Shape:
     heads: int
     heads_kv: int | None = None
     seqlen_k: int | None = None
+    # A packed varlen batch: each sequence's length (queries = keys); then batch is the number
+    # of sequences and seqlen the longest.
+    lengths: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.heads_kv is None:
@@ -79,6 +82,8 @@ class Shape:
         seqlen = f"seqlen={self.seqlen}"
         if self.seqlen_k != self.seqlen:
             seqlen += f" seqlen_k={self.seqlen_k}"
+        if self.lengths is not None:
+            seqlen = f"varlen {len(self.lengths)} sequences (max {self.seqlen})"
         return f"dim={self.dim} {seqlen} causal={self.causal} {heads}"
 
 
@@ -205,8 +210,48 @@ def build_grid(
 
 def attention_flops(shape: Shape) -> int:
     # Two matmuls (QK^T and PV) of 2 * s_q * s_k * d FLOPs each; causal does half the work.
-    flops = 4 * shape.batch * shape.heads * shape.seqlen * shape.seqlen_k * shape.dim
+    if shape.lengths is not None:
+        flops = 4 * shape.heads * shape.dim * sum(length * length for length in shape.lengths)
+    else:
+        flops = 4 * shape.batch * shape.heads * shape.seqlen * shape.seqlen_k * shape.dim
     return flops // 2 if shape.causal else flops
+
+
+VARLEN_MIN, VARLEN_MAX = 128, 8192
+
+
+def varlen_lengths(tokens: int, seed: int = 0) -> tuple[int, ...]:
+    """Mixed sequence lengths from VARLEN_MIN to VARLEN_MAX (log-uniform, seeded: every run
+    and backend gets the same batch) summing to ``tokens``; the last one takes the remainder
+    (at least VARLEN_MIN where tokens allow)."""
+    import random
+
+    rng = random.Random(seed)
+    lengths = []
+    left = tokens
+    while left > 0:
+        length = int(round(2 ** rng.uniform(7, 13)))
+        length = max(VARLEN_MIN, min(VARLEN_MAX, length))
+        if left - length < VARLEN_MIN:
+            length = left
+        lengths.append(length)
+        left -= length
+    return tuple(lengths)
+
+
+def varlen_grid(
+    dims: Sequence[int], causal: Sequence[bool], tokens: int, hidden: int, *,
+    heads_kv: int | None = None,
+) -> list[Shape]:
+    """One packed varlen row per (dim, causal): ``varlen_lengths(tokens)``."""
+    lengths = varlen_lengths(tokens)
+    return [
+        Shape(
+            dim=dim, seqlen=max(lengths), causal=is_causal, batch=len(lengths),
+            heads=max(1, hidden // dim), heads_kv=heads_kv, lengths=lengths,
+        )
+        for dim in dims for is_causal in causal
+    ]
 
 
 def tflops(shape: Shape, ms: float) -> float:
@@ -327,8 +372,8 @@ def format_table(
     for result in results:
         s = result.shape
         row = [
-            str(s.dim), str(s.seqlen), str(s.seqlen_k), str(s.causal), str(s.batch), str(s.heads),
-            str(s.heads_kv),
+            str(s.dim), seqlen_cell(s), str(s.seqlen_k), str(s.causal), str(s.batch),
+            str(s.heads), str(s.heads_kv),
         ]
         for backend in backends:
             value = result.tflops(backend)
@@ -345,13 +390,19 @@ def format_table(
     return "\n".join(lines)
 
 
+def seqlen_cell(shape: Shape) -> str:
+    """A row's seqlen: the length, or for a packed varlen batch 'var<=' its longest sequence
+    (batch then counts the sequences)."""
+    return str(shape.seqlen) if shape.lengths is None else f"var<={shape.seqlen}"
+
+
 def csv_rows(results: Iterable[ShapeResult], dtype_name: str) -> list[dict[str, str]]:
     rows = []
     for result in results:
         s = result.shape
         for backend, ms in result.ms_by_backend.items():
             rows.append({
-                "dtype": dtype_name, "dim": str(s.dim), "seqlen": str(s.seqlen),
+                "dtype": dtype_name, "dim": str(s.dim), "seqlen": seqlen_cell(s),
                 "seqlen_k": str(s.seqlen_k),
                 "causal": str(s.causal), "batch": str(s.batch), "heads": str(s.heads),
                 "heads_kv": str(s.heads_kv), "backend": backend, "median_ms": f"{ms:.6f}", "tflops": f"{result.tflops(backend):.3f}",
@@ -431,18 +482,32 @@ def run_benchmark(
     results = []
     for index, shape in enumerate(shapes, 1):
         # Every backend gets these same tensors; k and v carry heads_kv heads (GQA / MQA).
-        q, k, v = (
-            torch.randn(shape.batch, seqlen, heads, shape.dim, device="cuda", dtype=dtype)
-            for seqlen, heads in (
-                (shape.seqlen, shape.heads),
-                (shape.seqlen_k, shape.heads_kv),
-                (shape.seqlen_k, shape.heads_kv),
+        extra = {}
+        if shape.lengths is not None:
+            # Packed (total, heads, dim) and the cumulative lengths (int32, on the GPU).
+            total = sum(shape.lengths)
+            q, k, v = (
+                torch.randn(total, heads, shape.dim, device="cuda", dtype=dtype)
+                for heads in (shape.heads, shape.heads_kv, shape.heads_kv)
             )
-        )
+            cumulative = [0]
+            for length in shape.lengths:
+                cumulative.append(cumulative[-1] + length)
+            cu_seqlens = torch.tensor(cumulative, dtype=torch.int32, device="cuda")
+            extra = {"varlen": (cu_seqlens, shape.seqlen)}
+        else:
+            q, k, v = (
+                torch.randn(shape.batch, seqlen, heads, shape.dim, device="cuda", dtype=dtype)
+                for seqlen, heads in (
+                    (shape.seqlen, shape.heads),
+                    (shape.seqlen_k, shape.heads_kv),
+                    (shape.seqlen_k, shape.heads_kv),
+                )
+            )
         calls = {}
         for backend, bind in binders.items():
             try:
-                call = bind(q, k, v, shape.causal)
+                call = bind(q, k, v, shape.causal, **extra)
                 for _ in range(WARMUP_CALLS):
                     call()
                 torch.cuda.synchronize()  # surface asynchronous launch errors here, not mid-round

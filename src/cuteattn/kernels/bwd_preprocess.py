@@ -10,13 +10,19 @@ One CTA of 128 threads covers 64 rows of one (batch, head): 8 threads per row, e
 contiguous dim / 8 slice of dout and out (vector loads), the partial dot products summed
 across the 8 lanes with shuffles. Reads both tensors once (the PyTorch form it replaces made
 fp32 copies of both).
+
+Varlen (``varlen_rows_tile`` > 0, the main kernel's tile_m): out and dout are packed (1, total,
+heads, dim), lse (1, heads, total); sequence b's rows go to the buffers from
+``padded_rows_start`` on, padded to whole tiles of ``varlen_rows_tile`` rows.
 """
 
 import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
+
+from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 
 LOG2_E = math.log2(math.e)
 THREADS = 128
@@ -25,11 +31,12 @@ ROWS_PER_CTA = 64
 
 
 class BackwardPreprocess:
-    def __init__(self, *, dtype: type[cutlass.Numeric], head_dim: int):
+    def __init__(self, *, dtype: type[cutlass.Numeric], head_dim: int, varlen_rows_tile: int = 0):
         if head_dim % THREADS_PER_ROW:
             raise ValueError(f"head_dim must be a multiple of {THREADS_PER_ROW}, got {head_dim}")
         self.dtype = dtype
         self.head_dim = head_dim
+        self.varlen_rows_tile = varlen_rows_tile
 
     @cute.jit
     def __call__(
@@ -39,12 +46,22 @@ class BackwardPreprocess:
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32, natural log
         mLSElog2: cute.Tensor,  # (batch, heads_q, rows) fp32, rows >= seqlen_q
         mDpsum: cute.Tensor,  # (batch, heads_q, rows) fp32
+        mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32, else None
+        max_seqlen_q: Int32,  # varlen: the longest sequence, else unused
         stream,
     ):
         if cutlass.const_expr(mO.element_type != mdO.element_type):
             raise TypeError("dout must have the dtype of out")
-        grid = (cute.ceil_div(mDpsum.shape[2], ROWS_PER_CTA), mDpsum.shape[1], mDpsum.shape[0])
-        self.kernel(mO, mdO, mLSE, mLSElog2, mDpsum).launch(
+        if cutlass.const_expr(self.varlen_rows_tile > 0):
+            longest = cute.ceil_div(max_seqlen_q, self.varlen_rows_tile) * self.varlen_rows_tile
+            grid = (
+                cute.ceil_div(longest, ROWS_PER_CTA), mDpsum.shape[1], mCuSeqlensQ.shape[0] - 1
+            )
+        else:
+            grid = (
+                cute.ceil_div(mDpsum.shape[2], ROWS_PER_CTA), mDpsum.shape[1], mDpsum.shape[0]
+            )
+        self.kernel(mO, mdO, mLSE, mLSElog2, mDpsum, mCuSeqlensQ).launch(
             grid=grid, block=[THREADS, 1, 1], stream=stream
         )
 
@@ -56,11 +73,25 @@ class BackwardPreprocess:
         mLSE: cute.Tensor,
         mLSElog2: cute.Tensor,
         mDpsum: cute.Tensor,
+        mCuSeqlensQ: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         row_block, head, batch = cute.arch.block_idx()
         seqlen_q = mO.shape[1]
         rows = mDpsum.shape[2]
+        if cutlass.const_expr(self.varlen_rows_tile > 0):
+            # This sequence's rows, as views at its offsets (packed tensors: batch 0).
+            seqlen = SeqlenInfo.varlen(
+                mCuSeqlensQ, mCuSeqlensQ, None, batch, rows_tile=self.varlen_rows_tile
+            )
+            seqlen_q = seqlen.seqlen_q
+            rows = cute.ceil_div(seqlen_q, self.varlen_rows_tile) * self.varlen_rows_tile
+            mO = cute.domain_offset((0, seqlen.offset_q, 0, 0), mO)
+            mdO = cute.domain_offset((0, seqlen.offset_q, 0, 0), mdO)
+            mLSE = cute.domain_offset((0, 0, seqlen.offset_q), mLSE)
+            mLSElog2 = cute.domain_offset((0, 0, seqlen.offset_rows), mLSElog2)
+            mDpsum = cute.domain_offset((0, 0, seqlen.offset_rows), mDpsum)
+            batch = Int32(0)
         slice_elems = self.head_dim // THREADS_PER_ROW
         lane_in_row = tidx % THREADS_PER_ROW
         rows_per_pass = THREADS // THREADS_PER_ROW
@@ -88,8 +119,11 @@ class BackwardPreprocess:
                 mDpsum[batch, head, row] = partial
 
 
-def preprocess_fake_args(dtype: type[cutlass.Numeric], head_dim: int) -> tuple:
-    """(out, dout, lse, lse_log2, dpsum) fake tensors with symbolic sizes and strides."""
+def preprocess_fake_args(
+    dtype: type[cutlass.Numeric], head_dim: int, varlen: bool = False
+) -> tuple:
+    """(out, dout, lse, lse_log2, dpsum, cu_seqlens_q, max_seqlen_q): fake tensors with
+    symbolic sizes and strides; the cumulative lengths None unless ``varlen``."""
     from cutlass.cute.runtime import make_fake_tensor
 
     batch, seqlen_q, heads_q, rows = (cute.sym_int() for _ in range(4))
@@ -107,5 +141,11 @@ def preprocess_fake_args(dtype: type[cutlass.Numeric], head_dim: int) -> tuple:
             assumed_align=4,
         )
 
-    return bshd(), bshd(), per_row(seqlen_q), per_row(rows), per_row(rows)
+    cu_seqlens_q = None
+    if varlen:
+        cu_seqlens_q = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+    return (
+        bshd(), bshd(), per_row(seqlen_q), per_row(rows), per_row(rows), cu_seqlens_q,
+        Int32(0),
+    )
 

@@ -13,10 +13,88 @@ the other while loading.
 
 import abc
 import dataclasses
+import math
 from typing import ClassVar
 
 from cuteattn.arch import KNOWN_ARCHS, ArchCaps
 from cuteattn.plan import KernelPlan, Problem
+
+
+# Plan options that come from the problem's score features rather than from a family's tiling
+# choices; every family's plans carry them the same way (``with_features``).
+FEATURE_OPTIONS = ("dim", "seqused_k", "sink", "softcap", "varlen", "window")
+
+
+def kernel_head_dim(head_dims: tuple[int, ...], head_dim: int) -> int | None:
+    """The head dim of the kernel that runs inputs of ``head_dim``: itself, or the next one a
+    family compiles (the kernel pads: ``KernelFamily.pads_head_dim``); None past the largest."""
+    fitting = [dim for dim in head_dims if dim >= head_dim]
+    return min(fitting) if fitting else None
+
+
+def feature_options(problem: Problem, kind: str = "forward") -> tuple:
+    """The (name, value) options of ``problem``'s score features for a ``kind`` plan:
+    ("softcap", value) when soft-capping is on; ("sink", True) for a forward with a learnable
+    sink (the backward reads the sink only through lse)."""
+    options = []
+    if problem.sink and kind == "forward":
+        options.append(("sink", True))
+    if problem.softcap > 0:
+        options.append(("softcap", float(problem.softcap)))
+    if problem.window is not None:
+        options.append(("window", tuple(problem.window)))
+    if problem.varlen:
+        options.append(("varlen", True))
+        if problem.seqused_k:
+            options.append(("seqused_k", True))
+    return tuple(options)
+
+
+def with_features(options: tuple, problem: Problem, kind: str = "forward") -> tuple:
+    """A family's own options plus the problem's feature options, sorted by name."""
+    return tuple(sorted(options + feature_options(problem, kind)))
+
+
+def family_options(plan: KernelPlan) -> tuple:
+    """``plan``'s options without the feature options: what the family itself chose."""
+    return tuple(pair for pair in plan.options if pair[0] not in FEATURE_OPTIONS)
+
+
+def features_well_formed(plan: KernelPlan) -> bool:
+    """Whether ``plan``'s feature options hold values the kernels take (a positive finite
+    softcap, or none)."""
+    softcap = plan.option("softcap")
+    sink = plan.option("sink")
+    return (
+        (softcap is None or (isinstance(softcap, float) and math.isfinite(softcap) and softcap > 0))
+        and (sink is None or (sink is True and plan.kind == "forward"))
+        and dim_well_formed(plan)
+        and window_well_formed(plan.option("window"), plan.causal)
+        and plan.option("varlen") in (None, True)
+        and plan.option("seqused_k") in (None, True)
+        and (plan.option("seqused_k") is None or plan.option("varlen") is True)
+    )
+
+
+def dim_well_formed(plan: KernelPlan) -> bool:
+    """No ("dim", d) option, or the inputs' head dim d: a multiple of 8 below the kernel's
+    head dim (which it pads to)."""
+    dim = plan.option("dim")
+    return dim is None or (type(dim) is int and 0 < dim < plan.head_dim and dim % 8 == 0)
+
+
+def window_well_formed(window, causal: bool) -> bool:
+    """None, or a (left, right) pair of ints >= -1 that is neither unbounded on both sides
+    nor the causal mask (-1, 0), on a plan that is not causal (``Problem.window``)."""
+    if window is None:
+        return True
+    return (
+        not causal
+        and isinstance(window, tuple)
+        and len(window) == 2
+        and all(type(bound) is int and bound >= -1 for bound in window)
+        and window not in ((-1, -1), (-1, 0))
+    )
 
 
 class KernelFamily(abc.ABC):
@@ -29,6 +107,9 @@ class KernelFamily(abc.ABC):
 
     name: ClassVar[str]
     head_dims: ClassVar[tuple[int, ...]]
+    # Whether the forward takes inputs of a head dim between the compiled ones, padded to the
+    # next one inside the kernel (never by copying the inputs).
+    pads_head_dim: ClassVar[bool] = False
     # Whether the family has a backward kernel (``backward_candidates``, ``kind="backward"``
     # plans in ``can_implement`` and ``kernel``).
     has_backward: ClassVar[bool] = False
@@ -42,7 +123,8 @@ class KernelFamily(abc.ABC):
 
         The default covers head dims; families add their own limits (grid sizes, say).
         """
-        if problem.head_dim not in self.head_dims:
+        padded = self.pads_head_dim and kernel_head_dim(self.head_dims, problem.head_dim)
+        if problem.head_dim not in self.head_dims and not padded:
             return f"head_dim {problem.head_dim} is not one of {self.head_dims}"
         if problem.head_dim_v != problem.head_dim:
             return "dim_v != dim is not supported yet"
@@ -68,19 +150,35 @@ class KernelFamily(abc.ABC):
                 f"deterministic {plan.option('deterministic')!r} (the call asks for "
                 f"{problem.deterministic!r})"
             )
+        if plan.option("softcap", 0.0) != float(problem.softcap):
+            return f"softcap {plan.option('softcap', 0.0)!r} (the call asks for {problem.softcap!r})"
+        if plan.kind == "forward" and plan.option("sink", False) != problem.sink:
+            return f"sink {plan.option('sink', False)!r} (the call asks for {problem.sink!r})"
+        if plan.option("window") != problem.window:
+            return f"window {plan.option('window')!r} (the call asks for {problem.window!r})"
+        if (
+            plan.option("varlen", False), plan.option("seqused_k", False)
+        ) != (problem.varlen, problem.seqused_k):
+            return (
+                f"varlen / seqused_k {plan.option('varlen', False)!r} / "
+                f"{plan.option('seqused_k', False)!r} (the call asks for {problem.varlen!r} / "
+                f"{problem.seqused_k!r})"
+            )
         return None
 
     @abc.abstractmethod
     def kernel(self, plan: KernelPlan):
         """The forward kernel object for ``plan``, ready for ``cute.compile``.
 
-        Called as ``kernel(q, k, v, out, lse, softmax_scale, max_ctas, stream)`` with the
-        tensors of ``fake_forward_args``; ``max_ctas`` (Int32, the SM count) sizes a persistent
+        Called as ``kernel(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
+        max_seqlen_q, softmax_scale, max_ctas, stream)`` with the arguments of
+        ``fake_forward_args``; ``max_ctas`` (Int32, the SM count) sizes a persistent
         kernel's grid, and single-tile kernels ignore it.
         """
 
     def fake_forward_args(self, plan: KernelPlan) -> tuple:
-        """(q, k, v, out, lse) fake DSL tensors to compile ``plan``'s kernel with."""
+        """``compile_args.fake_forward_args``: the fake DSL arguments to compile ``plan``'s
+        forward kernel with."""
         from cuteattn.kernels.common.compile_args import fake_forward_args
 
         return fake_forward_args(plan)

@@ -27,7 +27,10 @@ def _check_dependencies_once() -> None:
 def compile_forward(plan: KernelPlan):
     """Compile (or fetch) the forward kernel for a plan.
 
-    Call it as ``fn(q, k, v, out, lse, softmax_scale, max_ctas)``: ``max_ctas`` is how many CTAs
+    Call it as ``fn(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
+    max_seqlen_q, softmax_scale, max_ctas)``: ``sink`` the learnable sink's (heads_q,) fp32
+    logits of a plan with one, else None; a varlen plan's int32 cumulative lengths and keys used
+    (else None) and its longest query sequence (else unused); ``max_ctas`` is how many CTAs
     can be resident at once (the device's SM count), the grid of a persistent kernel; a runtime
     value, so one compiled kernel serves every SKU of an arch.
     """
@@ -41,9 +44,10 @@ def compile_forward(plan: KernelPlan):
 def compile_backward(plan: KernelPlan):
     """Compile (or fetch) the main backward kernel for a plan.
 
-    Call it as ``fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore,
-    softmax_scale)``: ``semaphore`` is the int32 turn counters of a deterministic plan, else None
-    (``cuteattn.ops.launch_backward`` prepares the buffers).
+    Call it as ``fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, cu_seqlens_q,
+    cu_seqlens_k, seqused_k, max_seqlen_k, softmax_scale)``: ``semaphore`` is the int32 turn
+    counters of a deterministic plan, else None; the varlen bookkeeping of a varlen plan, else
+    None (and 0) (``cuteattn.ops.launch_backward`` prepares the buffers).
     """
     if plan.kind != "backward":
         raise ValueError(f"not a backward plan: {plan}")
@@ -52,13 +56,14 @@ def compile_backward(plan: KernelPlan):
     ))
 
 
-_preprocess_compiled: dict[tuple[str, str, int], object] = {}
+_preprocess_compiled: dict[tuple[str, str, int, int], object] = {}
 
 
-def compile_backward_preprocess(arch: str, dtype: str, head_dim: int):
+def compile_backward_preprocess(arch: str, dtype: str, head_dim: int, varlen_rows_tile: int = 0):
     """Compile (or fetch) the backward preprocess (``kernels/bwd_preprocess.py``), one per
-    (arch, dtype, head_dim). Call it as ``fn(out, dout, lse, lse_log2, dpsum)``."""
-    key = (arch, dtype, head_dim)
+    (arch, dtype, head_dim, varlen_rows_tile). Call it as ``fn(out, dout, lse, lse_log2, dpsum,
+    cu_seqlens_q, max_seqlen_q)`` (varlen_rows_tile 0: a fixed-length batch, None and 0)."""
+    key = (arch, dtype, head_dim, varlen_rows_tile)
     fn = _preprocess_compiled.get(key)
     if fn is None:
         _check_dependencies_once()
@@ -70,8 +75,10 @@ def compile_backward_preprocess(arch: str, dtype: str, head_dim: int):
         start = time.perf_counter()
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         fn = cute.compile(
-            BackwardPreprocess(dtype=dsl_dtype(dtype), head_dim=head_dim),
-            *preprocess_fake_args(dsl_dtype(dtype), head_dim),
+            BackwardPreprocess(
+                dtype=dsl_dtype(dtype), head_dim=head_dim, varlen_rows_tile=varlen_rows_tile
+            ),
+            *preprocess_fake_args(dsl_dtype(dtype), head_dim, varlen=varlen_rows_tile > 0),
             stream,
             options=f"--enable-tvm-ffi --gpu-arch {arch}",
         )

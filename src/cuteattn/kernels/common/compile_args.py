@@ -24,11 +24,13 @@ def _fake_sizes() -> dict:
 
 
 def _fake_bshd(plan: KernelPlan, batch, seqlen, heads):
-    """A (batch, seqlen, heads, dim) tensor of the plan's dtype, last mode contiguous."""
+    """A (batch, seqlen, heads, dim) tensor of the plan's dtype, last mode contiguous; dim is
+    the inputs' (``("dim", d)`` of a padded plan), not necessarily the kernel's."""
     dtype = dsl_dtype(plan.dtype)
     elems_16b = 128 // dtype.width
     strides = tuple(cute.sym_int64(divisibility=elems_16b) for _ in range(3)) + (1,)
-    return make_fake_tensor(dtype, (batch, seqlen, heads, plan.head_dim), strides, assumed_align=16)
+    dim = plan.option("dim", plan.head_dim)
+    return make_fake_tensor(dtype, (batch, seqlen, heads, dim), strides, assumed_align=16)
 
 
 def _fake_fp32(*shape, align: int, stride_divisibility: int = 1):
@@ -37,14 +39,31 @@ def _fake_fp32(*shape, align: int, stride_divisibility: int = 1):
 
 
 def fake_forward_args(plan: KernelPlan) -> tuple:
-    """(q, k, v, out, lse) fake tensors in the flash-attn layout, last mode contiguous."""
+    """(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q): fake
+    tensors in the flash-attn layout, last mode contiguous (a varlen plan's packed tensors as
+    batch 1); sink, the learnable sink's (heads_q,) fp32 logits, is None unless the plan has
+    one; the int32 cumulative lengths (batch + 1) and keys used (batch) None unless the plan is
+    varlen (with ``seqused_k``); max_seqlen_q an Int32."""
     n = _fake_sizes()
     q = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
     k = _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"])
     v = _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"])
     out = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
     lse = _fake_fp32(n["batch"], n["heads_q"], n["seqlen_q"], align=4)
-    return q, k, v, out, lse
+    sink = None
+    if plan.option("sink", False):
+        sink = make_fake_tensor(cutlass.Float32, (n["heads_q"],), (1,), assumed_align=4)
+    cu_seqlens_q = cu_seqlens_k = seqused_k = None
+    if plan.option("varlen", False):
+        rows = cute.sym_int()  # batch + 1
+        cu_seqlens_q, cu_seqlens_k = (
+            make_fake_tensor(cutlass.Int32, (rows,), (1,), assumed_align=4) for _ in range(2)
+        )
+        if plan.option("seqused_k", False):
+            seqused_k = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+    return (
+        q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, cutlass.Int32(0)
+    )
 
 
 def fake_backward_args(plan: KernelPlan, dq_chunks: tuple[int, int] = (1, 0)) -> tuple:
@@ -53,7 +72,8 @@ def fake_backward_args(plan: KernelPlan, dq_chunks: tuple[int, int] = (1, 0)) ->
     count) so whole query tiles stay in bounds, dq_accum as (batch, heads_q, chunks, rows,
     head_dim / chunks + row_pad) for ``dq_chunks`` = (chunks, row_pad), and for a
     deterministic plan the int32
-    (batch, heads_q, m_blocks) turn counters (else None)."""
+    (batch or sequences, heads_q, m_blocks) turn counters (else None); then a varlen plan's cumulative
+    lengths and keys used (else None) and its longest key sequence (an Int32)."""
     n = _fake_sizes()
     rows = cute.sym_int()
     q = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
@@ -71,11 +91,24 @@ def fake_backward_args(plan: KernelPlan, dq_chunks: tuple[int, int] = (1, 0)) ->
     )
     semaphore = None
     if plan.option("deterministic", False):
+        # Counters per sequence: a packed batch's q has batch 1, its counters one per sequence.
+        sequences = cute.sym_int() if plan.option("varlen", False) else n["batch"]
         semaphore = make_fake_tensor(
-            cutlass.Int32, (n["batch"], n["heads_q"], cute.sym_int()),
+            cutlass.Int32, (sequences, n["heads_q"], cute.sym_int()),
             (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4,
         )
-    return q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore
+    cu_seqlens_q = cu_seqlens_k = seqused_k = None
+    if plan.option("varlen", False):
+        count = cute.sym_int()  # batch + 1
+        cu_seqlens_q, cu_seqlens_k = (
+            make_fake_tensor(cutlass.Int32, (count,), (1,), assumed_align=4) for _ in range(2)
+        )
+        if plan.option("seqused_k", False):
+            seqused_k = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+    return (
+        q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, cu_seqlens_q,
+        cu_seqlens_k, seqused_k, cutlass.Int32(0),
+    )
 
 
 def check_operand_dtypes(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor):

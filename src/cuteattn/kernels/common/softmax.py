@@ -34,6 +34,7 @@ from cutlass import Float32
 from cuteattn.kernels.common.fragments import acc_as_rows_cols
 
 LN2 = math.log(2.0)
+LOG2_E = math.log2(math.e)
 
 
 @cute.jit
@@ -142,19 +143,39 @@ class OnlineSoftmax:
         return row_scale
 
     @cute.jit
-    def finalize(self, lse: cute.Tensor) -> cute.Tensor:
-        """Return 1 / row_sum per row (0 for rows with no visible key) and fill lse (natural log)."""
+    def finalize(self, lse: cute.Tensor, sink: cute.Tensor | None = None) -> cute.Tensor:
+        """Return 1 / row_sum per row (0 for rows with no visible key) and fill lse (natural log).
+
+        ``sink``: per row, a learnable sink's logit (natural log, the scores' units) that joins
+        the denominator (``kernels/common/sink.py``), or None."""
         row_scale = cute.make_rmem_tensor(self.num_rows, Float32)
         for r in cutlass.range_constexpr(self.num_rows):
             total = quad_allreduce_sum(self.row_sum[r])
-            is_empty = total == Float32(0.0)
-            row_scale[r] = Float32(0.0) if is_empty else cute.arch.rcp_approx(total)
-            lse[r] = (
-                -Float32.inf
-                if is_empty
-                else (self.row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True))
-                * Float32(LN2)
-            )
+            if cutlass.const_expr(sink is None):
+                is_empty = total == Float32(0.0)
+                row_scale[r] = Float32(0.0) if is_empty else cute.arch.rcp_approx(total)
+                lse[r] = (
+                    -Float32.inf
+                    if is_empty
+                    else (self.row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True))
+                    * Float32(LN2)
+                )
+            else:
+                # Both terms of the denominator relative to the larger of the row's max and
+                # the sink; a row without keys (max -inf) keeps the sink alone.
+                max_log2 = self.row_max[r] * self.scale_log2
+                sink_log2 = sink[r] * Float32(LOG2_E)
+                top = cute.arch.fmax(max_log2, sink_log2)
+                top = top if top != -Float32.inf else Float32(0.0)
+                kept = cute.math.exp2(max_log2 - top, fastmath=True)
+                denom = total * kept + cute.math.exp2(sink_log2 - top, fastmath=True)
+                is_empty = denom == Float32(0.0)
+                row_scale[r] = Float32(0.0) if is_empty else kept * cute.arch.rcp_approx(denom)
+                lse[r] = (
+                    -Float32.inf
+                    if is_empty
+                    else (top + cute.math.log2(denom, fastmath=True)) * Float32(LN2)
+                )
         return row_scale
 
 

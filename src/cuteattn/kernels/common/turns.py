@@ -8,7 +8,8 @@ stores turn + 1.
 
 - Not causal: the turn of key tile n is n (every key tile visits every query tile, from the
   first one).
-- Causal: the turns descend, n_block_max(m) - 1 - n. Key tile n visits query tiles from the
+- Causal, or a local window (its key tiles of query tile m are n_block_min(m) .. n_block_max(m)
+  - 1): the turns descend, n_block_max(m) - 1 - n. Key tile n visits query tiles from the
   diagonal's down; ascending turns would hold it back n steps at its first query tile (key tile
   0 reaches it only at its own step n), so every CTA would take as long as key tile 0's. In
   descending order a key tile's first query tile is its own first turn and each later one waits
@@ -37,11 +38,17 @@ def key_tile_of_block(block: Int32, num_blocks: Int32, descending: cutlass.Const
     return key_tile
 
 
+def descending(block_info: BlockInfo) -> bool:
+    """Whether the turns descend: causal, or a local window (whose key tiles of a query tile
+    are [n_block_min, n_block_max), not starting at 0)."""
+    return block_info.causal or block_info.window is not None
+
+
 @cute.jit
 def turn_of(block_info: BlockInfo, seqlen: SeqlenInfo, m_block: Int32, n_block: Int32):
     """Key tile ``n_block``'s turn at query tile ``m_block`` (see the module docstring)."""
     turn = n_block
-    if cutlass.const_expr(block_info.causal):
+    if cutlass.const_expr(descending(block_info)):
         _, n_block_max = block_info.n_block_min_max(seqlen, m_block)
         turn = n_block_max - 1 - n_block
     return turn

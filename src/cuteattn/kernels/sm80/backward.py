@@ -13,10 +13,10 @@ need no atomics and no expanded buffers for dK, dV). For each (query head, m_blo
   1. cp.async Q and dO tiles (rows past seqlen_q zeroed); with two stages, the next step's
      tiles load into the other buffer while this step computes;
   2. S = Q K^T and dP = dO V^T (ldmatrix + mma.sync, operands in shared memory);
-  3. mask S where the tile hides a key (seqlen_k bound, causal diagonal),
-     P = exp2(S * scale_log2 - lse_log2), the probabilities of the forward without
-     recomputing its statistics;
-     dS = P * (dP - dpsum);
+  3. soft-cap S (``kernels/common/softcap.py``, when on), mask it where the tile hides a key
+     (seqlen_k bound, causal diagonal), P = exp2(S * scale_log2 - lse_log2), the probabilities
+     of the forward without recomputing its statistics;
+     dS = P * (dP - dpsum) (soft-capped: times 1 - tanh^2);
   4. P and dS (16-bit) to shared memory;
   5. dV += P^T dO, the transposed operands read with ldmatrix.trans;
   6. dQ = dS K, added to dq_accum with fp32 atomics (red.global.add). d64 / d128 (whose fp32
@@ -47,6 +47,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
+from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common import turns
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_same_dtype
@@ -59,8 +60,6 @@ from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.sm80 import tiling
 from cuteattn.kernels.sm80.fragments import gmem_row_copies, ldmatrix_atoms, smem_tile_atom
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
-
-LOG2_E = math.log2(math.e)
 
 
 def _transposed(tensor: cute.Tensor) -> cute.Tensor:
@@ -128,6 +127,10 @@ class FlashBackwardSm80(AttentionKernel):
         mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mdV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mSemaphore: cute.Tensor | None,  # deterministic: (batch, heads_q, m_blocks) int32, zeroed
+        mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 row offsets, else None
+        mCuSeqlensK: cute.Tensor | None,
+        mSequsedK: cute.Tensor | None,  # varlen: (batch,) int32 keys used, or None
+        max_seqlen_k: Int32,  # varlen: the longest key sequence (the grid), else unused
         softmax_scale: Float32,
         stream,
     ):
@@ -160,9 +163,15 @@ class FlashBackwardSm80(AttentionKernel):
         gmem_copy_async, gmem_copy_store = gmem_row_copies(self.dtype, tile_atom, self.num_threads)
 
         grid = (cute.ceil_div(mK.shape[1], self.tile_n), mK.shape[2], mK.shape[0])
+        if cutlass.const_expr(self.varlen):
+            # Packed (1, total, heads, dim): a CTA per key tile of the longest sequence.
+            grid = (
+                cute.ceil_div(max_seqlen_k, self.tile_n), mK.shape[2], mCuSeqlensQ.shape[0] - 1
+            )
         self.kernel(
             mQ, mK, mV, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
-            softmax_scale * LOG2_E, softmax_scale,
+            mCuSeqlensQ, mCuSeqlensK, mSequsedK,
+            capping.exp2_scale(softmax_scale, self.softcap), softmax_scale,
             sQ_layout, sKV_layout, sPdS_layout, gmem_copy_async, gmem_copy_store,
             _tiled_mma(self.dtype, self.warps_sdp),
             _tiled_mma(self.dtype, self.warps_dkv),
@@ -188,6 +197,9 @@ class FlashBackwardSm80(AttentionKernel):
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mSemaphore: cute.Tensor | None,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
+        mSequsedK: cute.Tensor | None,
         scale_log2: Float32,
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
@@ -203,13 +215,20 @@ class FlashBackwardSm80(AttentionKernel):
         tidx, _, _ = cute.arch.thread_idx()
         block, head_kv, batch = cute.arch.block_idx()
         n_block = turns.key_tile_of_block(
-            block, cute.arch.grid_dim()[0], descending=self.deterministic and self.causal
+            block, cute.arch.grid_dim()[0],
+            descending=self.deterministic and (self.causal or self.window is not None),
         )
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
         tile_mn = (self.tile_m, self.tile_n)
-        seqlen = SeqlenInfo.fixed(mQ, mK)
+        if cutlass.const_expr(self.varlen):
+            seqlen = SeqlenInfo.varlen(
+                mCuSeqlensQ, mCuSeqlensK, mSequsedK, batch, rows_tile=self.tile_m
+            )
+        else:
+            seqlen = SeqlenInfo.fixed(mQ, mK)
         group = mQ.shape[2] // mK.shape[2]
+        tanh_scale = capping.tanh_scale(softmax_scale, self.softcap)
 
         # ---- Shared memory and its MMA views ------------------------------------------------------
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -280,8 +299,12 @@ class FlashBackwardSm80(AttentionKernel):
         # ---- This CTA's key tile: K and V, rows past seqlen_k zeroed ------------------------------
         gmem_thr_copy = gmem_copy_async.get_slice(tidx)
         coords_kv = cute.make_identity_tensor(tile_kv)
-        gK = cute.local_tile(mK[batch, None, head_kv, None], tile_kv, (n_block, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], tile_kv, (n_block, 0))
+        gK = cute.local_tile(
+            seqlen.rows(mK, batch, head_kv, keys=True, packed=self.varlen), tile_kv, (n_block, 0)
+        )
+        gV = cute.local_tile(
+            seqlen.rows(mV, batch, head_kv, keys=True, packed=self.varlen), tile_kv, (n_block, 0)
+        )
         kv_rows_left = seqlen.seqlen_k - n_block * self.tile_n
         self.load_rows(
             gmem_copy_async, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK),
@@ -301,16 +324,24 @@ class FlashBackwardSm80(AttentionKernel):
         num_rows = cute.size(score_coords, mode=[0])
 
         # ---- Query tiles that see this key tile, for every query head of the group ---------------
-        block_info = BlockInfo(tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        block_info = BlockInfo(
+            tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal, window=self.window
+        )
         m_block_min = block_info.m_block_min(seqlen, n_block)
-        m_block_max = cute.ceil_div(seqlen.seqlen_q, self.tile_m)
+        m_block_max = block_info.m_block_max(seqlen, n_block)
         num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
+        if cutlass.const_expr(self.varlen):
+            # A key tile past its sequence's keys (the grid covers the longest sequence) visits
+            # no query tile: it would add nothing, and, deterministic, wait for a turn that
+            # never comes (the turns count this sequence's key tiles only).
+            if n_block * self.tile_n >= seqlen.seqlen_k:
+                num_m_blocks = Int32(0)
         num_steps = group * num_m_blocks
         query_tiles = dict(
             mQ=mQ, mdO=mdO, sQ_stages=sQ_stages, sdO_stages=sdO_stages, mLSE=mLSE,
             mDpsum=mDpsum, sRows=sRows,
             gmem_copy_async=gmem_copy_async, batch=batch, head_kv=head_kv, group=group,
-            m_block_min=m_block_min, num_m_blocks=num_m_blocks, seqlen_q=seqlen.seqlen_q,
+            m_block_min=m_block_min, num_m_blocks=num_m_blocks, seqlen=seqlen,
         )
         if cutlass.const_expr(self.num_stages > 1):
             if num_steps > 0:
@@ -354,11 +385,15 @@ class FlashBackwardSm80(AttentionKernel):
             gemm(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, v_operand, a_from_smem=do_stage)
 
             # 3. P from the forward's lse; dS = P (dP - rowsum(dO O))
+            capping.apply_softcap(acc_S, tanh_scale, self.softcap)
             # Only tiles that hide a key from some row (the last key tile, the diagonal's).
             if block_info.needs_mask(seqlen, m_block, n_block):
-                mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
+                mask = AttentionMask(
+                    tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen, window=self.window
+                )
                 mask.apply(
-                    acc_S, thr_sdp, m_block, n_block, mask_seqlen=True, mask_causal=self.causal
+                    acc_S, thr_sdp, m_block, n_block, mask_seqlen=True,
+                    mask_causal=self.causal or self.window is not None,
                 )
             scores = acc_as_rows_cols(acc_S)
             dscores = acc_as_rows_cols(acc_dP)
@@ -366,9 +401,12 @@ class FlashBackwardSm80(AttentionKernel):
                 lse_log2 = row_lse[r]
                 dpsum = row_dpsum[r]
                 for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
-                    prob = cute.math.exp2(scores[r, c] * scale_log2 - lse_log2, fastmath=True)
+                    score = scores[r, c]
+                    prob = cute.math.exp2(score * scale_log2 - lse_log2, fastmath=True)
                     scores[r, c] = prob
-                    dscores[r, c] = prob * (dscores[r, c] - dpsum)
+                    dscores[r, c] = capping.chain_score_grad(
+                        prob * (dscores[r, c] - dpsum), score, self.softcap
+                    )
 
             # 4. P and dS to shared memory
             rP = cute.make_fragment_like(acc_S, self.dtype)
@@ -392,7 +430,7 @@ class FlashBackwardSm80(AttentionKernel):
                 cute.autovec_copy(acc_dQ, tdQsdQ)
                 cute.arch.barrier()
                 self.add_dq(
-                    sdQ, mdQaccum, mSemaphore, batch, head, m_block,
+                    sdQ, mdQaccum, mSemaphore, seqlen, batch, head, m_block,
                     turns.turn_of(block_info, seqlen, m_block, n_block), tidx,
                     coalesced=True,
                 )
@@ -403,7 +441,7 @@ class FlashBackwardSm80(AttentionKernel):
                 acc_dQ.fill(0.0)
                 gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
                 self.add_dq(
-                    acc_dQ, mdQaccum, mSemaphore, batch, head, m_block,
+                    acc_dQ, mdQaccum, mSemaphore, seqlen, batch, head, m_block,
                     turns.turn_of(block_info, seqlen, m_block, n_block), tidx,
                     coalesced=False, thr_dq=thr_dq,
                 )
@@ -422,7 +460,10 @@ class FlashBackwardSm80(AttentionKernel):
             store_o(
                 acc,
                 smem,
-                cute.local_tile(mgrad[batch, None, head_kv, None], tile_kv, (n_block, 0)),
+                cute.local_tile(
+                    seqlen.rows(mgrad, batch, head_kv, keys=True, packed=self.varlen),
+                    tile_kv, (n_block, 0),
+                ),
                 kv_rows_left,
                 tiled_mma=tiled_mma_dkv,
                 gmem_tiled_copy=gmem_copy_store,
@@ -433,7 +474,7 @@ class FlashBackwardSm80(AttentionKernel):
     @cute.jit
     def load_query_tile(
         self, step: Int32, stage: Int32, *, mQ, mdO, sQ_stages, sdO_stages, mLSE, mDpsum,
-        sRows, gmem_copy_async, batch, head_kv, group, m_block_min, num_m_blocks, seqlen_q,
+        sRows, gmem_copy_async, batch, head_kv, group, m_block_min, num_m_blocks, seqlen,
     ):
         """cp.async Q and dO of step ``step``'s (query head, m_block) into buffer ``stage``,
         and the tile's lse and dpsum (16 bytes per thread of the first tile_m / 2 threads; the
@@ -443,9 +484,11 @@ class FlashBackwardSm80(AttentionKernel):
         tile_q = (self.tile_m, self.head_dim)
         thr_copy = gmem_copy_async.get_slice(cute.arch.thread_idx()[0])
         coords_q = cute.make_identity_tensor(tile_q)
-        rows_left = seqlen_q - m_block * self.tile_m
+        rows_left = seqlen.seqlen_q - m_block * self.tile_m
         for mX, sX in ((mQ, sQ_stages), (mdO, sdO_stages)):
-            gX = cute.local_tile(mX[batch, None, head, None], tile_q, (m_block, 0))
+            gX = cute.local_tile(
+                seqlen.rows(mX, batch, head, keys=False, packed=self.varlen), tile_q, (m_block, 0)
+            )
             self.load_rows(
                 gmem_copy_async, thr_copy.partition_S(gX),
                 thr_copy.partition_D(sX[None, None, stage]), coords_q, rows_left,
@@ -459,23 +502,31 @@ class FlashBackwardSm80(AttentionKernel):
             )
             for index, mX in ((0, mLSE), (1, mDpsum)):
                 if which == index:
-                    src = cute.local_tile(
-                        mX[batch, head, None], (4,), (m_block * vectors_per_row + vector,)
+                    rows = seqlen.buffer_rows(
+                        mX, batch, head, packed=self.varlen, rows_tile=self.tile_m
                     )
+                    src = cute.local_tile(rows, (4,), (m_block * vectors_per_row + vector,))
                     dst = cute.local_tile(sRows[None, index, stage], (4,), (vector,))
                     cute.copy(copy_16b, src, dst)
 
     @cute.jit
     def add_dq(
-        self, values, mdQaccum, mSemaphore, batch, head, m_block, turn, tidx,
+        self, values, mdQaccum, mSemaphore, seqlen, batch, head, m_block, turn, tidx,
         coalesced: cutlass.Constexpr[bool], thr_dq=None,
     ):
         """dQ of this step into dq_accum with fp32 atomics (red.global.add), at this key tile's
-        ``turn`` at the query tile when deterministic. ``coalesced``: ``values`` is the staged (tile_m, dim) tile in shared
-        memory, read row by row so that a warp's 32 atomics cover 128 contiguous bytes; else
-        the thread's accumulator fragment (8 rows x 16 bytes per warp instruction)."""
+        ``turn`` at the query tile when deterministic. ``coalesced``: ``values`` is the staged
+        (tile_m, dim) tile in shared memory, read row by row so that a warp's 32 atomics cover
+        128 contiguous bytes; else the thread's accumulator fragment (8 rows x 16 bytes per warp
+        instruction)."""
         tile_q = (self.tile_m, self.head_dim)
-        gdQ = cute.local_tile(mdQaccum[batch, head, 0, None, None], tile_q, (m_block, 0))
+        gdQ = cute.local_tile(
+            seqlen.buffer_rows(
+                mdQaccum[None, None, 0, None, None], batch, head, packed=self.varlen,
+                rows_tile=self.tile_m,
+            ), tile_q,
+            (m_block, 0),
+        )
         if cutlass.const_expr(self.deterministic):
             counter = mSemaphore[batch, head, None].iterator + m_block
             self.wait_for_turn(counter, turn, tidx)

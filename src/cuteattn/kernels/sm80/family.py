@@ -3,7 +3,9 @@
 kernels are imported lazily."""
 
 from cuteattn.arch import ArchCaps
-from cuteattn.kernels.family import KernelFamily
+from cuteattn.kernels.family import (
+    KernelFamily, family_options, features_well_formed, with_features,
+)
 from cuteattn.kernels.sm80 import tiling
 from cuteattn.plan import DTYPES, KernelPlan, Problem
 
@@ -82,7 +84,7 @@ class Sm80Family(KernelFamily):
             tile_n=tile_n,
             num_threads=num_threads,
             num_stages=num_stages,
-            options=options,
+            options=with_features(options, problem, kind),
             kind=kind,
         )
 
@@ -98,7 +100,8 @@ class Sm80Family(KernelFamily):
             and plan.arch == arch.name
             and self.supports(arch)
             and plan.dtype in DTYPES
-            and plan.options == self._options(plan)  # the backward's one switch
+            and family_options(plan) == self._options(plan)  # the backward's one switch
+            and features_well_formed(plan)
             and fits
         )
 
@@ -112,11 +115,14 @@ class Sm80Family(KernelFamily):
             tile_n=plan.tile_n,
             num_threads=plan.num_threads,
             causal=plan.causal,
+            softcap=plan.option("softcap", 0.0),
+            window=plan.option("window"),
+            varlen=plan.option("varlen", False),
         )
         if plan.kind == "forward":
             from cuteattn.kernels.sm80.forward import FlashForwardSm80
 
-            return FlashForwardSm80(**sizes)
+            return FlashForwardSm80(**sizes, sink=plan.option("sink", False))
         from cuteattn.kernels.sm80.backward import FlashBackwardSm80
 
         return FlashBackwardSm80(

@@ -28,7 +28,6 @@ tests/cpu/test_compile.py cross-compiles the variants for sm_80 / sm_90a / sm_12
 Profile with ``ncu --clock-control none python -m cuteattn.bench --backends cuteattn-sm80``.
 """
 
-import math
 from typing import NamedTuple
 
 import cutlass
@@ -36,6 +35,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
+from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_operand_dtypes
 from cuteattn.kernels.common.epilogue import store_lse, store_o
@@ -43,6 +43,7 @@ from cuteattn.kernels.common.fragments import tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.common.sink import row_sinks
 from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
 from cuteattn.kernels.common.tile_scheduler import SingleTileScheduler, TileCounts
 from cuteattn.kernels.sm80 import tiling
@@ -54,7 +55,6 @@ from cuteattn.kernels.sm80.fragments import (
 )
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
 
-LOG2_E = math.log2(math.e)
 
 
 class KVCopies(NamedTuple):
@@ -85,20 +85,24 @@ class MmaOperands(NamedTuple):
 
 class QueryTile(NamedTuple):
     """State of the query tile being computed: its index, lengths, O accumulator, softmax
-    statistics and mask."""
+    statistics and mask, the scores' tanh scale (soft-capping) and its first key tile."""
 
     m_block: Int32
     seqlen: SeqlenInfo
     acc_O: cute.Tensor
     softmax: OnlineSoftmax
     mask: AttentionMask
+    tanh_scale: Float32
+    n_block_min: Int32
 
 
 class FlashForwardSm80(AttentionKernel):
-    def __init__(self, *, num_threads: int, **shape):
-        """shape: ``AttentionKernel``'s fields."""
+    def __init__(self, *, num_threads: int, sink: bool = False, **shape):
+        """sink: the kernel takes a learnable sink's logits (``kernels/common/sink.py``).
+        shape: ``AttentionKernel``'s fields."""
         super().__init__(**shape)
         self.num_threads = num_threads
+        self.sink = sink
 
     can_implement = staticmethod(tiling.can_implement)
 
@@ -110,6 +114,11 @@ class FlashForwardSm80(AttentionKernel):
         mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
+        mSink: cute.Tensor | None,  # (heads_q,) fp32 learnable sink logits, or None
+        mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 row offsets, else None
+        mCuSeqlensK: cute.Tensor | None,
+        mSequsedK: cute.Tensor | None,  # varlen: (batch,) int32 keys used, or None
+        max_seqlen_q: Int32,  # varlen: the longest sequence (the grid), else unused
         softmax_scale: Float32,
         max_ctas: Int32,  # CTAs resident at once; unused: this kernel launches a CTA per tile
         stream,
@@ -137,17 +146,29 @@ class FlashForwardSm80(AttentionKernel):
             permutation_mnk=(num_warps * 16, 16, 16),
         )
 
-        tile_counts = TileCounts.create(
-            seqlen_q=mQ.shape[1], tile_m=self.tile_m, num_heads=mQ.shape[2],
-            num_batches=mQ.shape[0],
-        )
+        if cutlass.const_expr(self.varlen):
+            # Packed: (1, total, heads, dim); a CTA per query tile of the longest sequence.
+            tile_counts = TileCounts.create(
+                seqlen_q=max_seqlen_q, tile_m=self.tile_m, num_heads=mQ.shape[2],
+                num_batches=mCuSeqlensQ.shape[0] - 1,
+            )
+        else:
+            tile_counts = TileCounts.create(
+                seqlen_q=mQ.shape[1], tile_m=self.tile_m, num_heads=mQ.shape[2],
+                num_batches=mQ.shape[0],
+            )
         self.kernel(
             mQ,
             mK,
             mV,
             mO,
             mLSE,
-            softmax_scale * LOG2_E,
+            mSink,
+            mCuSeqlensQ,
+            mCuSeqlensK,
+            mSequsedK,
+            capping.exp2_scale(softmax_scale, self.softcap),
+            capping.tanh_scale(softmax_scale, self.softcap),
             tile_counts,
             sQ_layout,
             sKV_layout,
@@ -170,7 +191,12 @@ class FlashForwardSm80(AttentionKernel):
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mSink: cute.Tensor | None,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
+        mSequsedK: cute.Tensor | None,
         scale_log2: Float32,
+        tanh_scale: Float32,
         tile_counts: TileCounts,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
@@ -182,7 +208,9 @@ class FlashForwardSm80(AttentionKernel):
         tidx, _, _ = cute.arch.thread_idx()
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
-        block_info = BlockInfo(tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        block_info = BlockInfo(
+            tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal, window=self.window
+        )
 
         # ---- Shared memory and the MMA's view of it (the same for every work tile) ---------------
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -231,14 +259,28 @@ class FlashForwardSm80(AttentionKernel):
         scheduler = SingleTileScheduler.create(tile_counts, longest_first=self.causal)
         work = scheduler.initial_work_tile()
         m_block, head, batch = work.m_block, work.head, work.batch
-        seqlen = SeqlenInfo.fixed(mQ, mK)
+        if cutlass.const_expr(self.varlen):
+            seqlen = SeqlenInfo.varlen(mCuSeqlensQ, mCuSeqlensK, mSequsedK, batch)
+        else:
+            seqlen = SeqlenInfo.fixed(mQ, mK)
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         n_block_min, n_block_max = block_info.n_block_min_max(seqlen, m_block)
+        if cutlass.const_expr(self.varlen):
+            # A query tile past its sequence's end (the grid covers the longest one) does no
+            # work: no key tile, and its loads and stores are predicated off by row.
+            if m_block * self.tile_m >= seqlen.seqlen_q:
+                n_block_max = n_block_min
 
         # ---- Global tiles of this work tile and their copy partitions ----------------------------
-        gQ = cute.local_tile(mQ[batch, None, head, None], tile_q, (m_block, 0))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], tile_kv, (None, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], tile_kv, (None, 0))
+        gQ = cute.local_tile(
+            seqlen.rows(mQ, batch, head, keys=False, packed=self.varlen), tile_q, (m_block, 0)
+        )
+        gK = cute.local_tile(
+            seqlen.rows(mK, batch, head_kv, keys=True, packed=self.varlen), tile_kv, (None, 0)
+        )
+        gV = cute.local_tile(
+            seqlen.rows(mV, batch, head_kv, keys=True, packed=self.varlen), tile_kv, (None, 0)
+        )
         tQgQ = gmem_thr_copy.partition_S(gQ)
         kv = KVCopies(
             tiled_copy=gmem_copy_async,
@@ -257,7 +299,11 @@ class FlashForwardSm80(AttentionKernel):
             seqlen=seqlen,
             acc_O=acc_O,
             softmax=OnlineSoftmax(scale_log2, rows_per_thread, reduce_chains=1),
-            mask=AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen),
+            mask=AttentionMask(
+                tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen, window=self.window
+            ),
+            tanh_scale=tanh_scale,
+            n_block_min=n_block_min,
         )
 
         # ---- Prologue: Q and the last visible K tile ---------------------------------------------
@@ -275,36 +321,59 @@ class FlashForwardSm80(AttentionKernel):
 
         # ---- Main loop: key tiles from last to first ---------------------------------------------
         # The last tile is masked (seqlen bound, and the diagonal when causal); then the
-        # tiles crossing the diagonal; then the fully visible ones, unmasked.
+        # tiles crossing the diagonal; then the fully visible ones, unmasked. A local window:
+        # the tiles across its right bound, the unmasked ones, those across its left bound.
         num_causal_tiles = Int32(0)
         if cutlass.const_expr(self.causal):
             causal_start = block_info.n_block_causal_start(seqlen, m_block)
             num_causal_tiles = cutlass.max(n_block_max - 1 - causal_start, 0)
         n_block_unmasked_end = cutlass.max(n_block_max - 1 - num_causal_tiles, n_block_min)
+        num_unmasked = n_block_unmasked_end - n_block_min
+        num_left_masked = Int32(0)
+        if cutlass.const_expr(self.window is not None):
+            num_causal_tiles, num_unmasked, num_left_masked = block_info.window_tile_counts(
+                seqlen, m_block, n_block_min, n_block_max
+            )
+            n_block_unmasked_end = n_block_max - 1 - num_causal_tiles
+        masks_first = self.causal or self.window is not None
         if n_block_max > n_block_min:
             self.compute_tile(
                 n_block_max - 1, kv=kv, mma=mma, query=query,
-                is_first=True, mask_seqlen=True, mask_causal=self.causal,
+                is_first=True, mask_seqlen=True, mask_causal=masks_first,
             )
         for i in cutlass.range(num_causal_tiles, unroll=1):
             self.compute_tile(
                 n_block_max - 2 - i, kv=kv, mma=mma, query=query,
                 is_first=False, mask_seqlen=False, mask_causal=True,
             )
-        for i in cutlass.range(n_block_unmasked_end - n_block_min, unroll=1):
+        for i in cutlass.range(num_unmasked, unroll=1):
             self.compute_tile(
                 n_block_unmasked_end - 1 - i, kv=kv, mma=mma, query=query,
                 is_first=False, mask_seqlen=False, mask_causal=False,
             )
+        if cutlass.const_expr(self.window is not None):
+            for i in cutlass.range(num_left_masked, unroll=1):
+                self.compute_tile(
+                    n_block_min + num_left_masked - 1 - i, kv=kv, mma=mma, query=query,
+                    is_first=False, mask_seqlen=False, mask_causal=True,
+                )
 
         # ---- Epilogue ----------------------------------------------------------------------------
         lse = cute.make_rmem_tensor(query.softmax.num_rows, Float32)
-        row_scale = query.softmax.finalize(lse)
+        score_tile = (self.tile_m, self.tile_n)
+        sinks = None
+        if cutlass.const_expr(self.sink):
+            sinks = row_sinks(
+                mSink, head, tile_coords(thr_mma, score_tile), query.softmax.num_rows, pack_gqa=1
+            )
+        row_scale = query.softmax.finalize(lse, sinks)
         rescale_rows(acc_O, row_scale)
         store_lse(
-            cute.local_tile(mLSE[batch, head, None], (self.tile_m,), (m_block,)),
+            cute.local_tile(
+                seqlen.lse_row(mLSE, batch, head, packed=self.varlen), (self.tile_m,), (m_block,)
+            ),
             lse,
-            tile_coords(thr_mma, (self.tile_m, self.tile_n)),
+            tile_coords(thr_mma, score_tile),
             q_rows_left,
         )
         # O overwrites the Q buffer: the Q cp.async must have landed (a tile that saw no
@@ -314,7 +383,9 @@ class FlashForwardSm80(AttentionKernel):
         store_o(
             acc_O,
             sQ,
-            cute.local_tile(mO[batch, None, head, None], tile_q, (m_block, 0)),
+            cute.local_tile(
+                seqlen.rows(mO, batch, head, keys=False, packed=self.varlen), tile_q, (m_block, 0)
+            ),
             q_rows_left,
             tiled_mma=tiled_mma,
             gmem_tiled_copy=gmem_copy_store,
@@ -352,13 +423,14 @@ class FlashForwardSm80(AttentionKernel):
         # (c) V[n_block] landed; every warp finished reading K[n_block].
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
-        if n_block > 0:
+        if n_block > query.n_block_min:
             self.load_kv_tile(
                 kv.gK, kv.sK, n_block - 1, kv=kv, seqlen_k=query.seqlen.seqlen_k,
                 check_rows=False, zero_fill=False,
             )
         cute.arch.cp_async_commit_group()
-        # (d) mask, (e) online softmax
+        # (d) soft-cap and mask, (e) online softmax
+        capping.apply_softcap(acc_S, query.tanh_scale, self.softcap)
         if cutlass.const_expr(mask_seqlen or mask_causal):
             query.mask.apply(
                 acc_S, mma.thr_mma, query.m_block, n_block,

@@ -43,7 +43,6 @@ tile_m 64, tile_n 128 (two consumer warpgroups), Q / dO stages 2.
 """
 
 import enum
-import math
 
 import cutlass
 import cutlass.cute as cute
@@ -54,6 +53,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.experimental import primitives as prims
 from cutlass.utils import LayoutEnum
 
+from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common import turns
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_same_dtype
@@ -65,7 +65,6 @@ from cuteattn.kernels.sm90.family import backward_dq_chunks
 from cuteattn.kernels.sm90.forward import _permuted, _smem_layout, _transposed
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
 
-LOG2_E = math.log2(math.e)
 KEYS_PER_WARPGROUP = 64
 NUM_CONSUMER_WGS = 2
 DS_STAGES = 2
@@ -169,6 +168,10 @@ class FlashBackwardSm90(AttentionKernel):
         mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mdV: cute.Tensor,
         mSemaphore: cute.Tensor | None,  # deterministic: (batch, heads_q, m_blocks) int32, zeroed
+        mCuSeqlensQ: cute.Tensor | None,  # varlen: not in this family yet (always None)
+        mCuSeqlensK: cute.Tensor | None,
+        mSequsedK: cute.Tensor | None,
+        max_seqlen_k: Int32,
         softmax_scale: Float32,
         stream,
     ):
@@ -248,7 +251,7 @@ class FlashBackwardSm90(AttentionKernel):
             mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
-            softmax_scale * LOG2_E, softmax_scale,
+            capping.exp2_scale(softmax_scale, self.softcap), softmax_scale,
             sQ_layout, sK_layout, sKV_layout, sPdS_layout, sdQ_layout, sRow_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             q_tile_bytes, kv_tile_bytes, SharedStorage,
@@ -302,7 +305,8 @@ class FlashBackwardSm90(AttentionKernel):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         block, head_kv, batch = cute.arch.block_idx()
         n_block = turns.key_tile_of_block(
-            block, cute.arch.grid_dim()[0], descending=self.deterministic and self.causal
+            block, cute.arch.grid_dim()[0],
+            descending=self.deterministic and (self.causal or self.window is not None),
         )
         if warp_idx == 0:
             for atom in (
@@ -330,9 +334,12 @@ class FlashBackwardSm90(AttentionKernel):
 
         seqlen = SeqlenInfo.fixed(mQ, mK)
         group = mQ.shape[2] // mK.shape[2]
-        block_info = BlockInfo(tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal)
+        block_info = self.block_info()
         m_block_min = block_info.m_block_min(seqlen, n_block)
-        num_m_blocks = cutlass.max(cute.ceil_div(seqlen.seqlen_q, self.tile_m) - m_block_min, 0)
+        m_block_max = cute.ceil_div(seqlen.seqlen_q, self.tile_m)
+        if cutlass.const_expr(self.window is not None):
+            m_block_max = block_info.m_block_max(seqlen, n_block)
+        num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
         steps = dict(
             head_kv=head_kv, group=group, m_block_min=m_block_min, num_m_blocks=num_m_blocks
         )
@@ -492,6 +499,7 @@ class FlashBackwardSm90(AttentionKernel):
         batch: Int32, steps: dict,
     ):
         tidx, wg_idx, wg_tidx = consumer_thread()
+        tanh_scale = capping.tanh_scale(softmax_scale, self.softcap)
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
         # Shared-memory operands are partitioned per warpgroup (WGMMA reads them as a whole).
         wg_sdp = tiled_mma_sdp.get_slice(wg_idx * THREADS_PER_WARPGROUP)
@@ -567,7 +575,8 @@ class FlashBackwardSm90(AttentionKernel):
             gemm(tiled_mma_sdp, acc_dPt, tdPrV, tdPrdO[None, None, None, state.index],
                  zero_init=True, wait_groups=1)
 
-            # 2. mask (only tiles that hold a hidden key), P^T from the forward's lse
+            # 2. soft-cap, mask (only tiles that hold a hidden key), P^T from the forward's lse
+            capping.apply_softcap(acc_St, tanh_scale, self.softcap)
             needs_mask = tile_past_seqlen_k
             if cutlass.const_expr(self.causal):
                 # The tile's last key against its first query's diagonal.
@@ -575,15 +584,25 @@ class FlashBackwardSm90(AttentionKernel):
                     (n_block + 1) * self.tile_n - 1
                     > m_block * self.tile_m + seqlen.seqlen_k - seqlen.seqlen_q
                 )
+            if cutlass.const_expr(self.window is not None):
+                needs_mask = needs_mask | self.block_info().hides_window_keys(
+                    seqlen, m_block, n_block
+                )
             if needs_mask:
                 self.mask_keys_major(acc_St, st_coords, n_block, m_block, seqlen)
             scores = acc_as_rows_cols(acc_St)
+            # Soft-capped, P^T goes to the dV GEMM from a tensor of its own and the scores
+            # keep P^T (1 - t^2) for dS^T (a held tanh would cost 64 registers).
+            probs = cute.make_fragment_like(acc_St) if self.softcap > 0 else acc_St
+            probs_rc = acc_as_rows_cols(probs)
             for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
                 for c in cutlass.range_constexpr(num_cols):
-                    scores[r, c] = cute.math.exp2(
-                        scores[r, c] * scale_log2 - col_lse[c], fastmath=True
-                    )
-            convert_packed(acc_St, tdVrPt)
+                    score = scores[r, c]
+                    prob = cute.math.exp2(score * scale_log2 - col_lse[c], fastmath=True)
+                    probs_rc[r, c] = prob
+                    if cutlass.const_expr(self.softcap > 0):
+                        scores[r, c] = capping.chain_score_grad(prob, score, self.softcap)
+            convert_packed(probs, tdVrPt)
 
             # 3. dV += P^T dO (register A operand), issued before waiting for dP^T: the
             # exponentials above overlap the dP^T GEMM (ptxas cannot hoist the wait above a
@@ -692,10 +711,12 @@ class FlashBackwardSm90(AttentionKernel):
     @cute.jit
     def mask_keys_major(self, acc_St, st_coords, n_block: Int32, m_block: Int32, seqlen):
         """-inf where key j (row) is past seqlen_k or, causal, above query i's (column)
-        diagonal: j > i + seqlen_k - seqlen_q."""
+        diagonal: j > i + seqlen_k - seqlen_q; a window: outside i's window,
+        j > i + shift + right or j < i + shift - left."""
         scores = acc_as_rows_cols(acc_St)
         first_key = n_block * self.tile_n
         first_query = m_block * self.tile_m
+        block_info = self.block_info()
         for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
             key = first_key + st_coords[r, 0][0]
             for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
@@ -703,7 +724,19 @@ class FlashBackwardSm90(AttentionKernel):
                 if cutlass.const_expr(self.causal):
                     query = first_query + st_coords[r, c][1]
                     hidden = hidden | (key > query + seqlen.seqlen_k - seqlen.seqlen_q)
+                if cutlass.const_expr(self.window is not None):
+                    diagonal = first_query + st_coords[r, c][1] + seqlen.seqlen_k - seqlen.seqlen_q
+                    if cutlass.const_expr(block_info.window_right is not None):
+                        hidden = hidden | (key > diagonal + block_info.window_right)
+                    if cutlass.const_expr(block_info.window_left is not None):
+                        hidden = hidden | (key < diagonal - block_info.window_left)
                 scores[r, c] = -Float32.inf if hidden else scores[r, c]
+
+    def block_info(self) -> BlockInfo:
+        """The kernel's tiling and mask as a ``BlockInfo`` (plain Python: usable anywhere)."""
+        return BlockInfo(
+            tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal, window=self.window
+        )
 
 
 def consumer_thread() -> tuple:

@@ -30,6 +30,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.utils import LayoutEnum
 
+from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.mask import AttentionMask
@@ -110,6 +111,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         batch: Int32, steps: dict,
     ):
         tidx, wg_idx, wg_tidx = consumer_thread()
+        tanh_scale = capping.tanh_scale(softmax_scale, self.softcap)
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
         thr_dkv = tiled_mma_dkv.get_slice(tidx)
         thr_dq = tiled_mma_dq.get_slice(wg_tidx)
@@ -180,7 +182,8 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             gemm(tiled_mma_sdp, acc_dP, tdPrdO[None, None, None, state.index], tdPrV,
                  zero_init=True, wait_groups=1)
 
-            # 2. mask (only tiles that hold a hidden key), P from the forward's lse
+            # 2. soft-cap, mask (only tiles that hold a hidden key), P from the forward's lse
+            capping.apply_softcap(acc_S, tanh_scale, self.softcap)
             needs_mask = tile_past_seqlen_k
             if cutlass.const_expr(self.causal):
                 # The tile's last key against its first query's diagonal.
@@ -188,18 +191,30 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
                     (n_block + 1) * self.tile_n - 1
                     > m_block * self.tile_m + seqlen.seqlen_k - seqlen.seqlen_q
                 )
+            if cutlass.const_expr(self.window is not None):
+                needs_mask = needs_mask | self.block_info().hides_window_keys(
+                    seqlen, m_block, n_block
+                )
             if needs_mask:
-                mask = AttentionMask(tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen)
+                mask = AttentionMask(
+                    tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen, window=self.window
+                )
                 mask.apply(acc_S, thr_sdp, m_block, n_block, mask_seqlen=True,
-                           mask_causal=self.causal)
+                           mask_causal=self.causal or self.window is not None)
             scores = acc_as_rows_cols(acc_S)
+            # Soft-capped, P goes to shared memory from a tensor of its own and the scores
+            # keep P (1 - t^2) for dS.
+            probs = cute.make_fragment_like(acc_S) if self.softcap > 0 else acc_S
+            probs_rc = acc_as_rows_cols(probs)
             for r in cutlass.range_constexpr(num_rows):
                 for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
-                    scores[r, c] = cute.math.exp2(
-                        scores[r, c] * scale_log2 - row_lse[r], fastmath=True
-                    )
+                    score = scores[r, c]
+                    prob = cute.math.exp2(score * scale_log2 - row_lse[r], fastmath=True)
+                    probs_rc[r, c] = prob
+                    if cutlass.const_expr(self.softcap > 0):
+                        scores[r, c] = capping.chain_score_grad(prob, score, self.softcap)
             rP = cute.make_fragment_like(acc_S, self.dtype)
-            convert_packed(acc_S, rP)
+            convert_packed(probs, rP)
             # The buffers are single: every GEMM of the last step that read them is done
             # (each thread waited for its own before this barrier).
             cute.arch.barrier(barrier_id=pds_free, number_of_threads=pds_threads)
@@ -260,7 +275,11 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
                 key = kvt_coords[0, c][1]
                 if key < keys_left:
                     for r in cutlass.range_constexpr(cute.size(values, mode=[0])):
-                        gX[key, kvt_coords[r, c][0]] = values[r, c].to(self.dtype)
+                        if cutlass.const_expr(mgrad.shape[3] == self.head_dim):
+                            gX[key, kvt_coords[r, c][0]] = values[r, c].to(self.dtype)
+                        elif kvt_coords[r, c][0] < mgrad.shape[3]:
+                            # A padded head dim: the kernel's columns past the inputs' stay.
+                            gX[key, kvt_coords[r, c][0]] = values[r, c].to(self.dtype)
 
     @cute.jit
     def store_pds(self, values, dst_partition, tiled_mma_sdp, buffer, tidx: Int32):

@@ -15,7 +15,9 @@ import math
 
 
 from cuteattn.arch import ArchCaps
-from cuteattn.kernels.family import KernelFamily
+from cuteattn.kernels.family import (
+    KernelFamily, family_options, features_well_formed, kernel_head_dim, with_features,
+)
 from cuteattn.kernels.sm90 import tiling
 from cuteattn.plan import DTYPES, KernelPlan, Problem
 
@@ -109,6 +111,9 @@ def backward_smem_bytes(head_dim: int) -> int:
 class Sm90Family(KernelFamily):
     name = "sm90"
     head_dims = tiling.SUPPORTED_HEAD_DIMS
+    # TMA fills the missing columns with zeros and clips the O store: a padded head dim
+    # costs no change in the kernel.
+    pads_head_dim = True
     has_backward = True
 
     def supports(self, arch: ArchCaps) -> bool:
@@ -118,12 +123,15 @@ class Sm90Family(KernelFamily):
         reason = super().reject_reason(problem)
         if reason is None and problem.batch * problem.heads_q * problem.seqlen_q >= 2**31:
             reason = "more than 2^31 query rows in one launch (a 32-bit tile index)"
+        if reason is None and problem.varlen:
+            reason = "varlen batches are not in this family yet"
         return reason
 
     def plan(
         self, arch: ArchCaps, *, dtype, head_dim, causal, tile_m, tile_n, num_stages,
-        persistent, pingpong=None, pack_gqa=1,
+        persistent, pingpong=None, pack_gqa=1, features: tuple = (),
     ) -> KernelPlan:
+        """A forward plan; ``features``: the problem's feature options (``with_features``)."""
         if pingpong is None:
             pingpong = default_pingpong(head_dim, tile_m)
         return KernelPlan(
@@ -136,16 +144,21 @@ class Sm90Family(KernelFamily):
             tile_n=tile_n,
             num_threads=tiling.num_threads(tile_m),
             num_stages=num_stages,
-            options=(
+            options=tuple(sorted((
                 ("pack_gqa", pack_gqa),
                 ("persistent", persistent),
                 ("pingpong", pingpong),
-            ),
+                *features,
+            ))),
         )
 
     def candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
         plans = []
-        tiles = SM90_TILES.get((problem.head_dim, problem.causal), ())
+        head_dim = kernel_head_dim(self.head_dims, problem.head_dim)
+        features = with_features((), problem)
+        if head_dim != problem.head_dim:
+            features = tuple(sorted(features + (("dim", problem.head_dim),)))
+        tiles = SM90_TILES.get((head_dim, problem.causal), ())
         for tile_m, tile_n, num_stages, persistent_up_to in tiles:
             # Persistent first where it pays; single-tile as the fallback when its separate O
             # buffer does not fit.
@@ -154,23 +167,29 @@ class Sm90Family(KernelFamily):
             for persistent in ((True, False) if persistent_first else (False,)):
                 plans.append(
                     self.plan(
-                        problem.arch, dtype=problem.dtype, head_dim=problem.head_dim,
+                        problem.arch, dtype=problem.dtype, head_dim=head_dim,
                         causal=problem.causal, tile_m=tile_m, tile_n=tile_n,
                         num_stages=num_stages, persistent=persistent,
                         pack_gqa=problem.heads_q // problem.heads_kv if pack else 1,
+                        features=features,
                     )
                 )
         return tuple(plans)
 
     def backward_candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
-        if problem.head_dim not in BACKWARD_HEAD_DIMS:
+        head_dim = kernel_head_dim(BACKWARD_HEAD_DIMS, problem.head_dim)
+        if head_dim is None:
             return ()
+        options = with_features((("deterministic", problem.deterministic),), problem, "backward")
+        if head_dim != problem.head_dim:
+            # Padded as in the forward: TMA fills and clips the missing columns.
+            options = tuple(sorted(options + (("dim", problem.head_dim),)))
         return (
             KernelPlan(
                 family=self.name, arch=problem.arch.name, dtype=problem.dtype,
-                head_dim=problem.head_dim, causal=problem.causal,
-                tile_n=BACKWARD_TILE_N[problem.head_dim], **BACKWARD_TILE,
-                options=(("deterministic", problem.deterministic),), kind="backward",
+                head_dim=head_dim, causal=problem.causal,
+                tile_n=BACKWARD_TILE_N[head_dim], **BACKWARD_TILE,
+                options=options, kind="backward",
             ),
         )
 
@@ -196,13 +215,14 @@ class Sm90Family(KernelFamily):
                 and self.supports(arch)
                 and plan.dtype in DTYPES
                 and plan.head_dim in BACKWARD_HEAD_DIMS
-                and len(plan.options) == 1
+                and len(family_options(plan)) == 1
                 and isinstance(plan.option("deterministic"), bool)
+                and features_well_formed(plan)
                 and all(getattr(plan, name) == value for name, value in BACKWARD_TILE.items())
                 and plan.tile_n == BACKWARD_TILE_N[plan.head_dim]
                 and backward_smem_bytes(plan.head_dim) <= arch.smem_per_block
             )
-        names = tuple(name for name, _ in plan.options)
+        names = tuple(name for name, _ in family_options(plan))
         return (
             plan.family == self.name
             and plan.kind == "forward"
@@ -210,6 +230,7 @@ class Sm90Family(KernelFamily):
             and self.supports(arch)
             and plan.dtype in DTYPES
             and names == ("pack_gqa", "persistent", "pingpong")
+            and features_well_formed(plan)
             and isinstance(plan.option("pack_gqa"), int)
             and 1 <= plan.option("pack_gqa") <= plan.tile_m
             and plan.num_threads == tiling.num_threads(plan.tile_m)
@@ -235,6 +256,8 @@ class Sm90Family(KernelFamily):
             tile_n=plan.tile_n,
             num_stages=plan.num_stages,
             causal=plan.causal,
+            softcap=plan.option("softcap", 0.0),
+            window=plan.option("window"),
         )
         if plan.kind == "backward":
             if plan.head_dim in WIDE_BACKWARD_SPLIT_DIM:
@@ -252,6 +275,7 @@ class Sm90Family(KernelFamily):
             pingpong=plan.option("pingpong"),
             persistent=plan.option("persistent"),
             pack_gqa=plan.option("pack_gqa"),
+            sink=plan.option("sink", False),
         )
 
     def plan_mismatch(self, plan: KernelPlan, problem: Problem) -> str | None:

@@ -36,7 +36,6 @@ tests/cpu/test_compile.py cross-compiles the variants for sm_90a on a CPU.
 Profile with ``ncu --clock-control none python -m cuteattn.bench --dims 128``.
 """
 
-import math
 from typing import NamedTuple
 
 import cutlass
@@ -47,6 +46,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_operand_dtypes
 from cuteattn.kernels.common.convert import convert_packed
@@ -55,6 +55,7 @@ from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.common.sink import row_sinks
 from cuteattn.kernels.common.softmax import (
     OnlineSoftmax,
     rescale_rows,
@@ -74,7 +75,6 @@ from cuteattn.kernels.sm90.warpgroup import (
     tma_pipeline,
 )
 
-LOG2_E = math.log2(math.e)
 # Lazy O rescale: a row's max may lag by 2^8 (P <= 256, exact in fp16 / bf16 range).
 RESCALE_THRESHOLD = 8.0
 
@@ -126,8 +126,8 @@ def _pack_heads(tensor: cute.Tensor, group: int, *, seq: int, head: int, inner=(
 
 class Mainloop(NamedTuple):
     """What a consumer warpgroup's key-tile steps use, set up once per kernel: its MMA
-    partitions and operand views, the O accumulator, the held-back O rescale factors, the mask
-    and the K / V pipelines."""
+    partitions and operand views, the O accumulator, the held-back O rescale factors, the mask,
+    the K / V pipelines and the scores' tanh scale (soft-capping)."""
 
     thr_mma_qk: cute.ThrMma
     tiled_mma_qk: cute.TiledMma
@@ -142,6 +142,7 @@ class Mainloop(NamedTuple):
     pipeline_k: pipeline.PipelineAsync
     pipeline_v: pipeline.PipelineAsync
     wg_idx: Int32
+    tanh_scale: Float32
 
 
 class FlashForwardSm90(AttentionKernel):
@@ -152,11 +153,14 @@ class FlashForwardSm90(AttentionKernel):
         pingpong: bool | None = None,
         persistent: bool = False,
         pack_gqa: int = 1,
+        sink: bool = False,
         **shape,
     ):
         """pack_gqa: query heads per KV head packed into one tile's rows (1: not packed); the
-        caller guarantees heads_q == pack_gqa * heads_kv. shape: ``AttentionKernel``'s fields."""
+        caller guarantees heads_q == pack_gqa * heads_kv. sink: the kernel takes a learnable
+        sink's logits (``kernels/common/sink.py``). shape: ``AttentionKernel``'s fields."""
         super().__init__(**shape)
+        self.sink = sink
         self.num_stages = num_stages
         self.persistent = persistent
         self.pack_gqa = pack_gqa
@@ -190,6 +194,11 @@ class FlashForwardSm90(AttentionKernel):
         mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
+        mSink: cute.Tensor | None,  # (heads_q,) fp32 learnable sink logits, or None
+        mCuSeqlensQ: cute.Tensor | None,  # varlen: not in this family yet (always None)
+        mCuSeqlensK: cute.Tensor | None,
+        mSequsedK: cute.Tensor | None,
+        max_seqlen_q: Int32,
         softmax_scale: Float32,
         max_ctas: Int32,  # CTAs resident at once (the SM count): a persistent kernel's grid
         stream,
@@ -282,11 +291,13 @@ class FlashForwardSm90(AttentionKernel):
             tma_v,
             tma_o,
             mLSE,
+            mSink,
             tma_atom_q,
             tma_atom_k,
             tma_atom_v,
             tma_atom_o,
-            softmax_scale * LOG2_E,
+            capping.exp2_scale(softmax_scale, self.softcap),
+            capping.tanh_scale(softmax_scale, self.softcap),
             counts,
             sQ_layout,
             sK_layout,
@@ -312,11 +323,13 @@ class FlashForwardSm90(AttentionKernel):
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,  # (seqlen_q, heads_q, batch); packed: (group, seqlen_q, heads_kv, batch)
+        mSink: cute.Tensor | None,
         tma_atom_q: cute.CopyAtom,
         tma_atom_k: cute.CopyAtom,
         tma_atom_v: cute.CopyAtom,
         tma_atom_o: cute.CopyAtom,
         scale_log2: Float32,
+        tanh_scale: Float32,
         counts: LinearTileCounts,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
@@ -346,7 +359,8 @@ class FlashForwardSm90(AttentionKernel):
         if cutlass.const_expr(self.persistent):
             sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         block_info = BlockInfo(
-            tile_m=self.tile_positions, tile_n=self.tile_n, causal=self.causal
+            tile_m=self.tile_positions, tile_n=self.tile_n, causal=self.causal,
+            window=self.window,
         )
         seqlen_q = mQ.shape[1] if cutlass.const_expr(self.pack_gqa > 1) else mQ.shape[0]
         seqlen = SeqlenInfo(seqlen_q=seqlen_q, seqlen_k=mK.shape[0])
@@ -361,8 +375,9 @@ class FlashForwardSm90(AttentionKernel):
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(
-                mO, mLSE, sQ, sK, sV, sO, tma_atom_o, tiled_mma_qk, tiled_mma_pv,
-                pipeline_q, pipeline_k, pipeline_v, scale_log2, counts, block_info, seqlen,
+                mO, mLSE, mSink, sQ, sK, sV, sO, tma_atom_o, tiled_mma_qk, tiled_mma_pv,
+                pipeline_q, pipeline_k, pipeline_v, scale_log2, tanh_scale, counts, block_info,
+                seqlen,
             )
 
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
@@ -419,7 +434,7 @@ class FlashForwardSm90(AttentionKernel):
         head_kv = work.head  # packed: work tiles are per KV head
         if cutlass.const_expr(self.pack_gqa == 1):
             head_kv = work.head // (mQ.shape[2] // mK.shape[2])
-        _, n_block_max = block_info.n_block_min_max(seqlen, work.m_block)
+        n_block_min, n_block_max = block_info.n_block_min_max(seqlen, work.m_block)
         gQ = self.query_tile(mQ, work)
         tile_kv = (self.tile_n, self.head_dim)
         gK = cute.local_tile(mK[None, None, head_kv, work.batch], tile_kv, (None, 0))
@@ -429,20 +444,20 @@ class FlashForwardSm90(AttentionKernel):
         )
         tKsK, tKgK = self.tma_partition(tma_atom_k, sK, gK)
         tVsV, tVgV = self.tma_partition(tma_atom_v, sV, gV)
-        if n_block_max > 0:
+        if n_block_max > n_block_min:
             self.load_tile(tma_atom_k, tKgK, tKsK, pipeline_k, n_block_max - 1, kv_state)
             pipeline_q.producer_acquire(q_state)
             cute.copy(
                 tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state)
             )
             q_state.advance()
-            for i in cutlass.range(n_block_max - 1, unroll=1):
+            for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
                 n_block = n_block_max - 2 - i
                 v_state = kv_state.clone()
                 kv_state.advance()
                 self.load_tile(tma_atom_k, tKgK, tKsK, pipeline_k, n_block, kv_state)
                 self.load_tile(tma_atom_v, tVgV, tVsV, pipeline_v, n_block + 1, v_state)
-            self.load_tile(tma_atom_v, tVgV, tVsV, pipeline_v, 0, kv_state)
+            self.load_tile(tma_atom_v, tVgV, tVsV, pipeline_v, n_block_min, kv_state)
             kv_state.advance()
         return q_state, kv_state
 
@@ -508,6 +523,7 @@ class FlashForwardSm90(AttentionKernel):
         self,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mSink: cute.Tensor | None,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sV: cute.Tensor,
@@ -519,6 +535,7 @@ class FlashForwardSm90(AttentionKernel):
         pipeline_k: pipeline.PipelineAsync,
         pipeline_v: pipeline.PipelineAsync,
         scale_log2: Float32,
+        tanh_scale: Float32,
         counts: LinearTileCounts,
         block_info: BlockInfo,
         seqlen: SeqlenInfo,
@@ -539,7 +556,7 @@ class FlashForwardSm90(AttentionKernel):
         num_rows = cute.size(acc_as_rows_cols(acc_O), mode=[0])
         mask = AttentionMask(
             tile_m=self.tile_positions, tile_n=self.tile_n, seqlen=seqlen,
-            pack_gqa=self.pack_gqa,
+            pack_gqa=self.pack_gqa, window=self.window,
         )
         pending_scale = cute.make_rmem_tensor(num_rows, Float32)
 
@@ -557,14 +574,14 @@ class FlashForwardSm90(AttentionKernel):
             thr_mma_qk=thr_mma_qk, tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv,
             tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP, acc_O=acc_O,
             pending_scale=pending_scale, mask=mask, pipeline_k=pipeline_k, pipeline_v=pipeline_v,
-            wg_idx=wg_idx,
+            wg_idx=wg_idx, tanh_scale=tanh_scale,
         )
         scheduler = LinearTileScheduler.create(
             counts, longest_first=self.causal, persistent=self.persistent
         )
         work = scheduler.initial_work_tile()
         tile_args = dict(
-            mO=mO, mLSE=mLSE, sO=sO, tma_atom_o=tma_atom_o, pipeline_q=pipeline_q,
+            mO=mO, mLSE=mLSE, mSink=mSink, sO=sO, tma_atom_o=tma_atom_o, pipeline_q=pipeline_q,
             scale_log2=scale_log2, block_info=block_info, seqlen=seqlen, tidx=tidx,
             num_rows=num_rows, loop=loop,
         )
@@ -579,23 +596,29 @@ class FlashForwardSm90(AttentionKernel):
 
     @cute.jit
     def consume_tile(
-        self, work: WorkTile, q_state, kv_state, *, mO, mLSE, sO, tma_atom_o, pipeline_q,
+        self, work: WorkTile, q_state, kv_state, *, mO, mLSE, mSink, sO, tma_atom_o, pipeline_q,
         scale_log2, block_info, seqlen, tidx, num_rows: cutlass.Constexpr[int], loop: Mainloop,
     ):
         """One work tile: the key tiles, then the epilogue; returns the advanced states."""
         acc_O, thr_mma_qk, pending_scale = loop.acc_O, loop.thr_mma_qk, loop.pending_scale
         m_block = work.m_block
-        _, n_block_max = block_info.n_block_min_max(seqlen, m_block)
-        # Key tiles below the first one: those crossing the diagonal, then unmasked ones.
+        n_block_min, n_block_max = block_info.n_block_min_max(seqlen, m_block)
+        # Key tiles below the first one: those crossing the diagonal, then unmasked ones. A
+        # local window: across its right bound, unmasked, across its left bound.
         num_causal_tiles = Int32(0)
         if cutlass.const_expr(self.causal):
             causal_start = block_info.n_block_causal_start(seqlen, m_block)
             num_causal_tiles = cutlass.max(n_block_max - 1 - causal_start, 0)
         num_unmasked_tiles = cutlass.max(n_block_max - 1 - num_causal_tiles, 0)
+        num_left_masked = Int32(0)
+        if cutlass.const_expr(self.window is not None):
+            num_causal_tiles, num_unmasked_tiles, num_left_masked = (
+                block_info.window_tile_counts(seqlen, m_block, n_block_min, n_block_max)
+            )
         softmax = OnlineSoftmax(scale_log2, num_rows, rescale_threshold=RESCALE_THRESHOLD)
         acc_O.fill(0.0)
         pending_scale.fill(1.0)
-        if n_block_max > 0:
+        if n_block_max > n_block_min:
             wait_stage(pipeline_q, q_state)
             kv_state = self.first_tile(
                 loop, kv_state, n_block_max - 1, m_block=m_block, softmax=softmax
@@ -605,11 +628,20 @@ class FlashForwardSm90(AttentionKernel):
                     loop, kv_state, n_block_max - 2 - i, m_block=m_block, mask_causal=True,
                     softmax=softmax,
                 )
+            unmasked_end = num_unmasked_tiles
+            if cutlass.const_expr(self.window is not None):
+                unmasked_end = n_block_min + num_left_masked + num_unmasked_tiles
             for i in cutlass.range(num_unmasked_tiles, unroll=1):
                 kv_state = self.next_tile(
-                    loop, kv_state, num_unmasked_tiles - 1 - i, m_block=m_block,
+                    loop, kv_state, unmasked_end - 1 - i, m_block=m_block,
                     mask_causal=False, softmax=softmax,
                 )
+            if cutlass.const_expr(self.window is not None):
+                for i in cutlass.range(num_left_masked, unroll=1):
+                    kv_state = self.next_tile(
+                        loop, kv_state, n_block_min + num_left_masked - 1 - i, m_block=m_block,
+                        mask_causal=True, softmax=softmax,
+                    )
             if cutlass.const_expr(self.persistent):
                 # Q is read by no GEMM after the last S: let the next tile's Q load.
                 pipeline_q.consumer_release(q_state)
@@ -620,7 +652,11 @@ class FlashForwardSm90(AttentionKernel):
 
         # ---- Epilogue ------------------------------------------------------------------
         lse = cute.make_rmem_tensor(num_rows, Float32)
-        row_scale = softmax.finalize(lse)
+        score_coords = tile_coords(thr_mma_qk, (self.tile_m, self.tile_n))
+        sinks = None
+        if cutlass.const_expr(self.sink):
+            sinks = row_sinks(mSink, work.head, score_coords, num_rows, self.pack_gqa)
+        row_scale = softmax.finalize(lse, sinks)
         rescale_rows(acc_O, row_scale)
         positions_left = seqlen.seqlen_q - m_block * self.tile_positions
         if cutlass.const_expr(self.pack_gqa == 1):
@@ -634,9 +670,7 @@ class FlashForwardSm90(AttentionKernel):
                 (self.pack_gqa, self.tile_positions), (0, m_block),
             )
             rows_left = self.pack_gqa * cutlass.min(positions_left, self.tile_positions)
-        store_lse(
-            gLSE, lse, tile_coords(thr_mma_qk, (self.tile_m, self.tile_n)), rows_left
-        )
+        store_lse(gLSE, lse, score_coords, rows_left)
         gO = self.query_tile(mO, work)
         self.store_o(gO, acc_O, sO, tma_atom_o, loop.tiled_mma_pv, tidx)
         return q_state, kv_state
@@ -659,12 +693,15 @@ class FlashForwardSm90(AttentionKernel):
         thr_mma_qk,
         softmax: OnlineSoftmax,
         mask: AttentionMask,
+        tanh_scale: Float32,
         m_block: Int32,
         is_first: cutlass.Constexpr[bool],
         mask_seqlen: cutlass.Constexpr[bool],
         mask_causal: cutlass.Constexpr[bool],
     ) -> cute.Tensor:
-        """Mask S, run the online softmax on it in place; returns the O rescale factors."""
+        """Soft-cap and mask S, run the online softmax on it in place; returns the O rescale
+        factors."""
+        capping.apply_softcap(acc_S, tanh_scale, self.softcap)
         if cutlass.const_expr(mask_seqlen or mask_causal):
             mask.apply(
                 acc_S, thr_mma_qk, m_block, n_block, mask_seqlen=mask_seqlen,
@@ -714,7 +751,8 @@ class FlashForwardSm90(AttentionKernel):
         loop.pipeline_k.consumer_release(kv_state)
         self.scores_to_probs(
             acc_S, n_block, thr_mma_qk=loop.thr_mma_qk, softmax=softmax, mask=loop.mask,
-            m_block=m_block, is_first=True, mask_seqlen=True, mask_causal=self.causal,
+            tanh_scale=loop.tanh_scale, m_block=m_block, is_first=True, mask_seqlen=True,
+            mask_causal=self.causal or self.window is not None,
         )
         self.store_p(acc_S, loop.tOrP)
         return kv_state
@@ -747,7 +785,8 @@ class FlashForwardSm90(AttentionKernel):
         pipeline_k.consumer_release(kv_state)
         row_scale = self.scores_to_probs(
             acc_S, n_block, thr_mma_qk=thr_mma_qk, softmax=softmax, mask=mask,
-            m_block=m_block, is_first=False, mask_seqlen=False, mask_causal=mask_causal,
+            tanh_scale=loop.tanh_scale, m_block=m_block, is_first=False, mask_seqlen=False,
+            mask_causal=mask_causal,
         )
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(v_state)

@@ -1,0 +1,248 @@
+"""flash_attn_varlen_func on the CPU: argument checks (before any launch), the debug-switch
+content checks, planning (packed batches go to the sm80 family, with the varlen options), and
+the op's plumbing end to end with the reference standing in for the kernel."""
+
+import itertools
+
+import pytest
+import torch
+
+import cuteattn
+from cuteattn import ops, reference, validate
+from cuteattn.runtime.arch import ARCH_ENV
+
+LENGTHS_Q = (5, 0, 17, 1)
+LENGTHS_K = (9, 4, 0, 30)
+
+
+def packed(
+    lengths_q=LENGTHS_Q, lengths_k=LENGTHS_K, heads=(4, 2), dim=64, dtype=torch.bfloat16,
+    device="cpu",
+):
+    heads_q, heads_kv = heads
+    q = torch.randn(sum(lengths_q), heads_q, dim, dtype=dtype, device=device)
+    k = torch.randn(sum(lengths_k), heads_kv, dim, dtype=dtype, device=device)
+    v = torch.randn(sum(lengths_k), heads_kv, dim, dtype=dtype, device=device)
+
+    def cumulative(lengths):
+        return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+    return q, k, v, cumulative(lengths_q), cumulative(lengths_k)
+
+
+@pytest.fixture
+def cpu_launch(monkeypatch):
+    """The op on CPU tensors: an sm_90a device, the reference in place of the kernel (it reads
+    the same views and bookkeeping the kernel gets)."""
+    calls = []
+
+    def launch(q, k, v, out, softmax_scale, plan, sink=None, varlen=None):
+        calls.append({"plan": plan, "varlen": varlen})
+        cu_q, cu_k, seqused_k, max_seqlen_q = varlen
+        expected, lse = reference.attention(
+            q[0], k[0], v[0], softmax_scale=softmax_scale, causal=plan.causal,
+            window_size=plan.option("window") or (None, None),
+            softcap=plan.option("softcap", 0.0), learnable_sink=sink,
+            cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused_k,
+        )
+        out[0].copy_(expected)
+        return lse.unsqueeze(0)
+
+    monkeypatch.setenv(ARCH_ENV, "sm_90a")
+    monkeypatch.setattr(validate, "check_devices", lambda *tensors: None)
+    monkeypatch.setattr(ops, "launch_forward", launch)
+    return calls
+
+
+def call(q, k, v, cu_q, cu_k, **kwargs):
+    return cuteattn.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(LENGTHS_Q), max(LENGTHS_K), **kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(causal=True), dict(window_size=(3, 2)), dict(softcap=5.0),
+     dict(learnable_sink=torch.randn(4))],
+    ids=["dense", "causal", "window", "softcap", "sink"],
+)
+def test_varlen_reaches_the_sm80_plan_and_matches_the_reference(cpu_launch, kwargs):
+    q, k, v, cu_q, cu_k = packed()
+    out, lse = call(q, k, v, cu_q, cu_k, return_lse=True, **kwargs)
+    plan = cpu_launch[-1]["plan"]
+    assert (plan.family, plan.option("varlen")) == ("sm80", True)  # sm90: not yet
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    expected, expected_lse = reference.attention(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kwargs
+    )
+    torch.testing.assert_close(out, expected.to(out.dtype))
+    torch.testing.assert_close(lse, expected_lse)
+
+
+def test_seqused_k_is_a_plan_option(cpu_launch):
+    q, k, v, cu_q, cu_k = packed()
+    used = torch.tensor([3, 4, 0, 7], dtype=torch.int32)
+    out = call(q, k, v, cu_q, cu_k, seqused_k=used)
+    assert cpu_launch[-1]["plan"].option("seqused_k") is True
+    expected, _ = reference.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used)
+    torch.testing.assert_close(out, expected.to(out.dtype))
+
+
+def test_no_sequence_or_no_key_launches_nothing(cpu_launch):
+    q, k, v, cu_q, cu_k = packed()
+    out, lse = cuteattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 0, return_lse=True)
+    assert not cpu_launch and torch.count_nonzero(out) == 0 and torch.isneginf(lse).all()
+    empty = torch.zeros(1, dtype=torch.int32)
+    out = cuteattn.flash_attn_varlen_func(q, k, v, empty, empty, 17, 30)
+    assert not cpu_launch and torch.count_nonzero(out) == 0
+
+
+@pytest.mark.parametrize(
+    "change,error,message",
+    [
+        (lambda a: {**a, "q": a["q"].unsqueeze(0)}, ValueError, r"q must have 3 dimensions"),
+        (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].long()}, TypeError,
+         r"cu_seqlens_q must be torch.int32"),
+        (lambda a: {**a, "cu_seqlens_k": a["cu_seqlens_k"][:-1]}, ValueError,
+         r"cu_seqlens_q and cu_seqlens_k must have one length"),
+        (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].view(1, -1)}, ValueError,
+         r"cu_seqlens_q must be 1-D"),
+        (lambda a: {**a, "max_seqlen_q": 17.0}, TypeError, r"max_seqlen_q must be an int"),
+        (lambda a: {**a, "max_seqlen_k": -1}, ValueError, r"max_seqlen_k must be >= 0"),
+        (lambda a: {**a, "seqused_k": torch.zeros(3, dtype=torch.int32)}, ValueError,
+         r"seqused_k must have shape \(batch,\) = \(4,\)"),
+        (lambda a: {**a, "seqused_k": torch.zeros(4)}, TypeError, r"seqused_k must be torch.int32"),
+        (lambda a: {**a, "seqused_q": torch.zeros(4, dtype=torch.int32)}, NotImplementedError,
+         r"seqused_q is not supported yet"),
+        (lambda a: {**a, "causal": 1}, TypeError, r"causal must be a Python bool"),
+        (lambda a: {**a, "window_size": (-2, 0)}, ValueError, r"window_size left must be >= 0"),
+    ],
+)
+def test_bad_varlen_arguments(cpu_launch, change, error, message):
+    q, k, v, cu_q, cu_k = packed()
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=17,
+                max_seqlen_k=30)
+    with pytest.raises(error, match=message):
+        cuteattn.flash_attn_varlen_func(**change(args))
+    assert not cpu_launch
+
+
+def test_cu_seqlens_on_another_device(cpu_launch):
+    q, k, v, cu_q, cu_k = packed()
+    with pytest.raises(ValueError, match=r"cu_seqlens_k must be on the device of q"):
+        call(q, k, v, cu_q, cu_k.to("meta"))
+
+
+def test_autograd_through_the_varlen_ops(cpu_launch, monkeypatch):
+    """Inputs that require grad record cuteattn::varlen_attention; its backward calls
+    cuteattn::varlen_backward (the reference standing in for the kernels here) and the sink's
+    gradient; the grads equal the reference's autograd."""
+    def launch_backward(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, scale,
+                        plan):
+        assert plan.kind == "backward" and plan.option("varlen") is True
+
+        def output(q, k, v):
+            return reference.attention(
+                q, k, v, softmax_scale=scale, causal=plan.causal, cu_seqlens_q=cu_q,
+                cu_seqlens_k=cu_k, seqused_k=seqused_k,
+            )[0]
+
+        _, vjp = torch.func.vjp(output, q, k, v)
+        return tuple(g.to(x.dtype) for g, x in zip(vjp(dout.float()), (q, k, v)))
+
+    monkeypatch.setattr(ops, "launch_varlen_backward", launch_backward)
+    q, k, v, cu_q, cu_k = (x.float() if x.is_floating_point() else x for x in packed())
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = cuteattn.flash_attn_varlen_func(
+        *[x.to(torch.bfloat16) for x in leaves], cu_q, cu_k, 17, 30, causal=True
+    )
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref_out, _ = reference.attention(
+        *[x.to(torch.bfloat16) for x in ref_leaves], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+        causal=True,
+    )
+    (ref_out * dout.float()).sum().backward()
+    for got, want in zip(leaves, ref_leaves):
+        torch.testing.assert_close(got.grad, want.grad, atol=2e-2, rtol=2e-2)
+
+
+def test_dq_rows_of_the_padded_buffers():
+    """Each packed query row maps into its sequence's tile-aligned block of the per-row
+    buffers: blocks in order, disjoint, inside ``padded_rows``; uncovered rows map to -1."""
+    tile = 64
+    lengths = [5, 0, 130, 64, 1]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    total = sum(lengths) + 3  # three rows past the last sequence
+    index = ops.varlen_dq_rows(cu, total, tile).tolist()
+    rows = ops.padded_rows(total, len(lengths), tile)
+    seen = set()
+    for b, length in enumerate(lengths):
+        start = (int(cu[b]) + b * tile) // tile * tile
+        block = index[int(cu[b]):int(cu[b]) + length]
+        assert block == list(range(start, start + length)) and start % tile == 0
+        assert start + -(-length // tile) * tile <= rows and not (set(block) & seen)
+        seen |= set(range(start, start + -(-length // tile) * tile))
+    assert index[-3:] == [-1, -1, -1]
+
+
+def test_content_checks_run_under_the_debug_switch(cpu_launch, monkeypatch):
+    q, k, v, cu_q, cu_k = packed()
+    descending = cu_q.clone()
+    descending[2] = 1
+    # Without the switch the contents are assumed, never read (no host sync).
+    assert validate.check_varlen_contents(q, k, descending, cu_k, 17, 30, None) is None
+    monkeypatch.setenv(validate.CHECK_INPUTS_ENV, "1")
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must start at 0 and never decrease"):
+        call(q, k, v, descending, cu_k)
+    with pytest.raises(ValueError, match=r"longer than max_seqlen \(16\) for cu_seqlens_q"):
+        cuteattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 16, 30)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k\[-1\] = 43 exceeds the packed length 42"):
+        call(q, k[:-1], v[:-1], cu_q, cu_k)
+    with pytest.raises(ValueError, match=r"seqused_k must be within each sequence's keys"):
+        call(q, k, v, cu_q, cu_k, seqused_k=torch.tensor([10, 0, 0, 0], dtype=torch.int32))
+    call(q, k, v, cu_q, cu_k)  # well-formed inputs pass
+
+
+def test_compile_fullgraph_traces_the_varlen_op(monkeypatch):
+    """Fake CUDA inputs: dynamo traces flash_attn_varlen_func (validation included) without a
+    graph break and records one cuteattn::varlen_forward; the fake runs it on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.delenv(validate.CHECK_INPUTS_ENV, raising=False)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def varlen(q, k, v, cu_q, cu_k):
+        return cuteattn.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, 17, 30, causal=True, window_size=(8, 0), return_lse=True
+        )
+
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        q, k, v, cu_q, cu_k = packed(device="cuda")
+        out, lse = torch.compile(varlen, backend=backend, fullgraph=True)(q, k, v, cu_q, cu_k)
+    (gm,) = graphs
+    calls = [
+        node for node in gm.graph.nodes
+        if node.op == "call_function" and node.target == torch.ops.cuteattn.varlen_forward.default
+    ]
+    assert len(calls) == 1
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0]) and lse.dtype == torch.float32
+
+
+def test_dsink_ignores_rows_of_no_sequence():
+    """Rows past cu_seqlens_q[-1] are never written (garbage lse and out): they must not reach
+    dsink."""
+    lse = torch.tensor([[[0.5, 1.0, float("nan")]]])  # (1, heads, rows): the last row unwritten
+    out = torch.ones(1, 3, 1, 4)
+    out[0, 2] = float("nan")
+    dout = torch.ones(1, 3, 1, 4)
+    covered = torch.tensor([True, True, False])
+    got = ops.sink_grad(torch.tensor([0.0]), lse, out, dout, covered)
+    expected = -(torch.exp(-torch.tensor([0.5, 1.0])) * 4).sum()
+    torch.testing.assert_close(got, expected.view(1))
