@@ -36,6 +36,25 @@ def _reject_unsupported(*, dropout_p, alibi_slopes, return_attn_probs):
         )
 
 
+def _check_options(
+    dropout_p, softmax_scale, softcap, causal, window_size, deterministic, alibi_slopes,
+    return_attn_probs,
+) -> tuple[bool, int, int]:
+    """The options flash_attn_func and flash_attn_varlen_func share: types and ranges first
+    (ValueError / TypeError), then what no kernel has (NotImplementedError); returns the mask
+    as ``resolve_mask`` does."""
+    validate.check_dropout(dropout_p)
+    validate.check_scalars(softmax_scale, softcap)
+    validate.check_flag("causal", causal)
+    validate.check_flag("deterministic", deterministic)
+    validate.check_flag("return_attn_probs", return_attn_probs)
+    mask = resolve_mask(causal, window_size)
+    _reject_unsupported(
+        dropout_p=dropout_p, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs
+    )
+    return mask
+
+
 def resolve_mask(causal, window_size) -> tuple[bool, int, int]:
     """(causal, window_left, window_right) implied by (causal, window_size), -1 unbounded.
 
@@ -145,14 +164,9 @@ def forward(
     """
     validate.check_forward(q, k, v, out)
     validate.check_sink(learnable_sink, q)
-    validate.check_dropout(dropout_p)
-    validate.check_scalars(softmax_scale, softcap)
-    validate.check_flag("causal", causal)
-    validate.check_flag("deterministic", deterministic)
-    validate.check_flag("return_attn_probs", return_attn_probs)
-    causal, window_left, window_right = resolve_mask(causal, window_size)
-    _reject_unsupported(
-        dropout_p=dropout_p, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs
+    causal, window_left, window_right = _check_options(
+        dropout_p, softmax_scale, softcap, causal, window_size, deterministic, alibi_slopes,
+        return_attn_probs,
     )
     if family is not None and plan is not None:
         raise ValueError("give family or plan, not both (a plan names its family)")
@@ -331,15 +345,10 @@ def flash_attn_varlen_func(
     validate.check_varlen_packed(q, k, v, out)
     validate.check_sink(learnable_sink, q.unsqueeze(0))
     validate.check_varlen_args(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
-    validate.check_dropout(dropout_p)
-    validate.check_scalars(softmax_scale, softcap)
-    validate.check_flag("causal", causal)
-    validate.check_flag("deterministic", deterministic)
-    validate.check_flag("return_attn_probs", return_attn_probs)
     validate.check_flag("return_lse", return_lse)
-    causal, window_left, window_right = resolve_mask(causal, window_size)
-    _reject_unsupported(
-        dropout_p=dropout_p, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs
+    causal, window_left, window_right = _check_options(
+        dropout_p, softmax_scale, softcap, causal, window_size, deterministic, alibi_slopes,
+        return_attn_probs,
     )
     if seqused_q is not None:
         raise NotImplementedError("seqused_q is not supported yet; pass None")

@@ -25,48 +25,30 @@ class UnknownBackendError(ValueError):
     """Raised when the user names a backend this benchmark does not know."""
 
 
-def _cuteattn_loader(deterministic: bool = False) -> Callable[..., Binder]:
+def _cuteattn_loader(
+    deterministic: bool = False, family: str | None = None
+) -> Callable[..., Binder]:
+    """cuteattn: the planner's choice through flash_attn_func, or with ``family`` one kernel
+    family forced (``api.forward(family=...)``), so families can be timed side by side on one
+    GPU; a family that cannot run a shape is skipped there."""
+
     def load(softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> Binder:
         import cuteattn  # late: keeps listing backends cheap; compiling pulls in the CuTe DSL
-
-        attention = cuteattn.flash_attn_func
-
-        def bind(q, k, v, causal, varlen=None):
-            if varlen is not None:
-                cu_seqlens, longest = varlen
-                return lambda: cuteattn.flash_attn_varlen_func(
-                    q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal,
-                    window_size=window, softcap=softcap, deterministic=deterministic,
-                )
-            return lambda: attention(
-                q, k, v, causal=causal, window_size=window, softcap=softcap,
-                deterministic=deterministic,
-            )
-
-        return bind
-
-    return load
-
-
-def _cuteattn_family_loader(family: str) -> Callable[..., Binder]:
-    """cuteattn with one kernel family forced (``api.forward(family=...)``), so families can be
-    timed side by side on one GPU; a family that cannot run a shape is skipped there."""
-
-    def load(softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> Binder:
         from cuteattn import api
 
         def bind(q, k, v, causal, varlen=None):
+            options = dict(causal=causal, window_size=window, softcap=softcap)
             if varlen is not None:
-                import cuteattn
-
                 cu_seqlens, longest = varlen
                 return lambda: cuteattn.flash_attn_varlen_func(
-                    q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal,
-                    window_size=window, softcap=softcap, family=family,
+                    q, k, v, cu_seqlens, cu_seqlens, longest, longest, **options,
+                    deterministic=deterministic, family=family,
                 )
-            return lambda: api.forward(
-                q, k, v, causal=causal, window_size=window, softcap=softcap, family=family
-            )[0]
+            if family is not None:
+                return lambda: api.forward(q, k, v, **options, family=family)[0]
+            return lambda: cuteattn.flash_attn_func(
+                q, k, v, **options, deterministic=deterministic
+            )
 
         return bind
 
@@ -146,7 +128,7 @@ def _family_loaders() -> dict[str, Callable[..., Binder]]:
     # The family registry is plain Python (no DSL import), so listing it here stays cheap.
     from cuteattn.plan import family_names
 
-    return {f"cuteattn-{name}": _cuteattn_family_loader(name) for name in family_names()}
+    return {f"cuteattn-{name}": _cuteattn_loader(family=name) for name in family_names()}
 
 
 # The deterministic variants differ in the backward only (``--mode bwd``): next to their plain
