@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU tests, logged under $OUT (or /tmp), a summary line per shard.
 #
-#   source .devdeps/prelude.sh && scripts/gpu_suite.sh features   # softcap, sink, window, varlen, empty inputs, head dims
+#   source .devdeps/prelude.sh && scripts/gpu_suite.sh features   # softcap, sink, window, varlen, empty inputs, head dims, dim_v
 #   scripts/gpu_suite.sh forward | backward | all | <group> ...
 #
 # Kernel compiles dominate a GPU test run and use one CPU core each, so each group runs as
@@ -24,12 +24,13 @@ declare -A SUITES=(
   [varlen]="tests/gpu/test_varlen_gpu.py"
   [empty]="tests/gpu/test_empty_inputs_gpu.py"
   [headdim]="tests/gpu/test_head_dims.py"
+  [dimv]="tests/gpu/test_dim_v.py"
   [forward]="tests/gpu/test_forward.py tests/gpu/test_forward_robustness.py tests/gpu/test_long_context.py tests/gpu/test_pack_gqa.py"
   [backward]="tests/gpu/test_backward.py"
 )
 case "${1:-features}" in
-  features) names="softcap sink window varlen empty headdim" ;;
-  all) names="forward backward softcap sink window varlen empty headdim" ;;
+  features) names="softcap sink window varlen empty headdim dimv" ;;
+  all) names="forward backward softcap sink window varlen empty headdim dimv" ;;
   *) names="$*" ;;
 esac
 
