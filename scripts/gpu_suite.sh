@@ -5,8 +5,8 @@
 #   scripts/gpu_suite.sh forward | backward | all | <group> ...
 #
 # Kernel compiles dominate a GPU test run and use one CPU core each, so each group runs as
-# several pytest processes at once, its shards: one per family (per direction where the ids
-# name no family) and "rest" for the tests no other shard selects. SHARDS=2 also splits by
+# several pytest processes at once, its shards: one per family and "rest" for the tests no
+# other shard selects (those that name no family). SHARDS=2 also splits by
 # dtype; SHARDS=0 runs each group as one process, one group after another. K (or K_<group>)
 # adds a -k expression. Each process runs under GROUP_TIMEOUT seconds (default 540) and is then
 # interrupted with SIGINT, so that pytest still prints which tests failed and why. The log of
@@ -34,15 +34,11 @@ case "${1:-features}" in
   *) names="$*" ;;
 esac
 
-shards_of() {  # group
-  local split=family
-  case $1 in varlen|headdim) split=direction ;; esac  # ids that name no family
-  case "${SHARDS:-1}:$split" in
-    0:*) echo "all" ;;
-    2:family) echo "sm90.bfloat16 sm90.float16 sm80.bfloat16 sm80.float16 rest" ;;
-    2:direction) echo "forward.bfloat16 forward.float16 backward.bfloat16 backward.float16 rest" ;;
-    *:family) echo "sm90 sm80 rest" ;;
-    *:direction) echo "forward backward rest" ;;
+shards_of() {  # group (the same shards for every group)
+  case "${SHARDS:-1}" in
+    0) echo "all" ;;
+    2) echo "sm90.bfloat16 sm90.float16 sm80.bfloat16 sm80.float16 rest" ;;
+    *) echo "sm90 sm80 rest" ;;
   esac
 }
 
