@@ -25,7 +25,15 @@ for feature in ${*:-softcap window varlen}; do
       softcap)
         common=(--backends cuteattn,fa4,sdpa-cudnn --dims 128 --seqlens 8192 --causal true --mode $mode)
         bench "softcap0-$mode" "${common[@]}"
-        bench "softcap50-$mode" "${common[@]}" --softcap 50 ;;
+        bench "softcap50-$mode" "${common[@]}" --softcap 50
+        if [ "$mode" = fwd ]; then
+          # The sm90 forward's share of exponentials on the FMA pipe (wip: issue7-next.diff):
+          # none (MUFU only) and every one, next to the planner's default above.
+          for every in 0 1; do
+            CUTEATTN_SOFTCAP_EXP2_POLY_EVERY=$every bench "softcap50-poly$every-$mode" \
+              --backends cuteattn --dims 128 --seqlens 8192 --causal true --softcap 50
+          done
+        fi ;;
       window)
         common=(--backends cuteattn,fa4 --dims 128 --seqlens 32768 --tokens 32768 --causal true --mode $mode)
         bench "causal32k-$mode" "${common[@]}"
