@@ -181,17 +181,25 @@ SINK_CASES = (
 )
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("case", SINK_CASES, ids=lambda c: case_id(c) + "-sink")
-def test_sink_compiles(case):
-    family, arch, head_dim, causal, dtype = case
+def short_and_long_plans(family, arch, head_dim, dtype, causal, **features):
+    """The forward plans of a short (1) and a long (4096) problem with 8 query heads per KV
+    head (sm90: packed GQA and not, persistent or not), and the long problem."""
     plans = set()
     for seqlen in (1, 4096):
         problem = Problem(
             batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=8, heads_kv=1, head_dim=head_dim,
-            head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch), sink=True,
+            head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
+            **features,
         )
         plans.add(plan_forward(problem, family=family))
+    return plans, problem
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", SINK_CASES, ids=lambda c: case_id(c) + "-sink")
+def test_sink_compiles(case):
+    family, arch, head_dim, causal, dtype = case
+    plans, _ = short_and_long_plans(family, arch, head_dim, dtype, causal, sink=True)
     for plan in plans:
         assert plan.option("sink") is True, plan
         assert compile_forward(plan) is not None, plan
@@ -217,14 +225,7 @@ WINDOW_CASES = (
 )
 def test_window_compiles(case):
     family, arch, head_dim, window, dtype = case
-    plans = set()
-    for seqlen in (1, 4096):
-        problem = Problem(
-            batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=8, heads_kv=1, head_dim=head_dim,
-            head_dim_v=head_dim, dtype=dtype, causal=False, arch=arch_from_name(arch),
-            window=window,
-        )
-        plans.add(plan_forward(problem, family=family))
+    plans, problem = short_and_long_plans(family, arch, head_dim, dtype, False, window=window)
     for plan in plans:
         assert plan.option("window") == window, plan
         assert compile_forward(plan) is not None, plan
@@ -279,13 +280,7 @@ PADDED_DIM_CASES = (
 @pytest.mark.parametrize("case", PADDED_DIM_CASES, ids=lambda c: f"sm90-sm_90a-d{c[0]}-padded")
 def test_padded_head_dims_compile(case):
     head_dim, causal, dtype = case
-    plans = set()
-    for seqlen in (1, 4096):
-        problem = Problem(
-            batch=1, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=8, heads_kv=1, head_dim=head_dim,
-            head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name("sm_90a"),
-        )
-        plans.add(plan_forward(problem))
+    plans, problem = short_and_long_plans(None, "sm_90a", head_dim, dtype, causal)
     for plan in plans:
         assert plan.option("dim") == head_dim and plan.head_dim > head_dim, plan
         assert compile_forward(plan) is not None, plan

@@ -53,17 +53,22 @@ def fake_forward_args(plan: KernelPlan) -> tuple:
     sink = None
     if plan.option("sink", False):
         sink = make_fake_tensor(cutlass.Float32, (n["heads_q"],), (1,), assumed_align=4)
-    cu_seqlens_q = cu_seqlens_k = seqused_k = None
-    if plan.option("varlen", False):
-        rows = cute.sym_int()  # batch + 1
-        cu_seqlens_q, cu_seqlens_k = (
-            make_fake_tensor(cutlass.Int32, (rows,), (1,), assumed_align=4) for _ in range(2)
-        )
-        if plan.option("seqused_k", False):
-            seqused_k = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
-    return (
-        q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, cutlass.Int32(0)
+    return (q, k, v, out, lse, sink, *_fake_varlen_args(plan), cutlass.Int32(0))
+
+
+def _fake_varlen_args(plan: KernelPlan) -> tuple:
+    """(cu_seqlens_q, cu_seqlens_k, seqused_k): int32 cumulative lengths (batch + 1) and keys
+    used (batch) of a varlen plan (seqused_k only with the option), else None."""
+    if not plan.option("varlen", False):
+        return None, None, None
+    count = cute.sym_int()  # batch + 1
+    cu_seqlens_q, cu_seqlens_k = (
+        make_fake_tensor(cutlass.Int32, (count,), (1,), assumed_align=4) for _ in range(2)
     )
+    seqused_k = None
+    if plan.option("seqused_k", False):
+        seqused_k = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+    return cu_seqlens_q, cu_seqlens_k, seqused_k
 
 
 def fake_backward_args(plan: KernelPlan, dq_chunks: tuple[int, int] = (1, 0)) -> tuple:
@@ -97,17 +102,9 @@ def fake_backward_args(plan: KernelPlan, dq_chunks: tuple[int, int] = (1, 0)) ->
             cutlass.Int32, (sequences, n["heads_q"], cute.sym_int()),
             (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4,
         )
-    cu_seqlens_q = cu_seqlens_k = seqused_k = None
-    if plan.option("varlen", False):
-        count = cute.sym_int()  # batch + 1
-        cu_seqlens_q, cu_seqlens_k = (
-            make_fake_tensor(cutlass.Int32, (count,), (1,), assumed_align=4) for _ in range(2)
-        )
-        if plan.option("seqused_k", False):
-            seqused_k = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
     return (
-        q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, cu_seqlens_q,
-        cu_seqlens_k, seqused_k, cutlass.Int32(0),
+        q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, *_fake_varlen_args(plan),
+        cutlass.Int32(0),
     )
 
 
