@@ -250,7 +250,7 @@ def backward(
     match the inputs. Buffers and plans are for eager calls; the op path allocates.
     """
     validate.check_forward(q, k, v, None)
-    validate.check_backward(dout, q, out, lse)
+    validate.check_backward(dout, q, out, lse, dim_v=v.shape[3])
     validate.check_sink(learnable_sink, q)
     validate.check_grad_buffers(q, k, v, dout, out, dq=dq, dk=dk, dv=dv)
     validate.check_scalars(softmax_scale, softcap)
@@ -333,12 +333,14 @@ def flash_attn_varlen_func(
     (host ints) bound every sequence's length: the kernels size their grids by them and assume
     them (``CUTEATTN_CHECK_INPUTS=1`` checks it, at the cost of a host sync). ``seqused_k``
     (int32, (batch,)) caps the keys of each sequence; lengths of 0 are fine. causal and window
-    align bottom-right per sequence. Rows past cu_seqlens_q[-1] are not written.
+    align bottom-right per sequence. Rows past cu_seqlens_q[-1] are not written (nor read
+    into any sequence's result, whatever they hold).
 
     The other options are flash_attn_func's (``dropout_p``, ``alibi_slopes``, ``deterministic``
     and ``return_attn_probs`` keyword-only, as Hugging Face passes them). Returns out (total_q,
     heads_q, dim_v), or (out, lse) with ``return_lse``, lse (heads_q, total_q) fp32. Runs in
-    the sm80 family, forward and backward (inputs that require grad record
+    the sm90 family on Hopper (the sm80 family elsewhere), forward and backward (inputs that
+    require grad record
     ``torch.ops.cuteattn.varlen_attention``; ``deterministic=True`` makes its backward bitwise
     reproducible).
     """

@@ -306,7 +306,8 @@ def launch_backward(
         f32 = dict(dtype=torch.float32, device=q.device)
         dpsum = torch.empty(batch, heads_q, rows, **f32)
         lse_log2 = torch.empty(batch, heads_q, rows, **f32)
-        preprocess = compile_backward_preprocess(plan.arch, plan.dtype, dim)
+        # rowsum(dout * out): over the columns of v (dim_v).
+        preprocess = compile_backward_preprocess(plan.arch, plan.dtype, out.shape[3])
         preprocess(validate.kernel_ready(out), dout, lse.contiguous(), lse_log2, dpsum, None, 0)
         dq_accum = new_dq_accum(
             q, rows, *get_family(plan.family).dq_accum_chunks(plan), head_dim=plan.head_dim
@@ -557,14 +558,14 @@ def launch_varlen_backward(
             validate.kernel_ready(x.unsqueeze(0)) for x in (q, k, v, out, dout)
         )
         preprocess = compile_backward_preprocess(
-            plan.arch, plan.dtype, dim, varlen_rows_tile=plan.tile_m
+            plan.arch, plan.dtype, out.shape[2], varlen_rows_tile=plan.tile_m
         )
         preprocess(
             out4, dout4, lse.unsqueeze(0).contiguous(), lse_log2, dpsum, cu_seqlens_q,
             max_seqlen_q,
         )
         chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
-        dq_accum = new_dq_accum(q4, rows, chunks, row_pad)
+        dq_accum = new_dq_accum(q4, rows, chunks, row_pad, head_dim=plan.head_dim)
         dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
         semaphore = None
@@ -579,13 +580,17 @@ def launch_varlen_backward(
         )
         # dq: each packed row from its sequence's rows of the accumulator (one gather).
         index = varlen_dq_rows(cu_seqlens_q, total_q, plan.tile_m)
-        chunk_dim = dim // chunks
+        chunk_dim = plan.head_dim // chunks
         accumulated = dq_accum[0, :, :, :, :chunk_dim]  # (heads, chunks, rows, chunk_dim)
         # One fp32 copy (the gather), scaled and cleared in place, then one cast into dq.
         gathered = accumulated.index_select(2, index.clamp(min=0))
         gathered.mul_(softmax_scale).masked_fill_((index < 0).view(1, 1, -1, 1), 0.0)
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dq.view(total_q, heads_q, chunks, chunk_dim).copy_(gathered.permute(2, 0, 1, 3))
+        rows_major = gathered.permute(2, 0, 1, 3)  # (total_q, heads, chunks, chunk_dim)
+        if plan.head_dim != dim:  # a padded head dim: the kernel's columns past q's dropped
+            dq.copy_(rows_major.flatten(-2)[..., :dim])
+        else:
+            dq.view(total_q, heads_q, chunks, chunk_dim).copy_(rows_major)
     return dq, dk, dv
 
 

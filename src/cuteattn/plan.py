@@ -191,6 +191,8 @@ def check_plan(plan: KernelPlan, problem: Problem) -> KernelPlan:
         for field, planned, actual in (
             ("dtype", plan.dtype, problem.dtype),
             ("head_dim", plan.option("dim", plan.head_dim), problem.head_dim),
+            ("head_dim_v", plan.option("dim_v", plan.option("dim", plan.head_dim)),
+             problem.head_dim_v),
             ("causal", plan.causal, problem.causal),
             ("arch", plan.arch, problem.arch.name),
         )

@@ -183,15 +183,20 @@ def check_forward(q, k, v, out=None):
             raise _out_not_addressable(out)
 
 
-def check_backward(dout, q, out, lse):
-    """Structural checks of the backward's extra inputs: dout and out like q's output, lse
+def check_backward(dout, q, out, lse, dim_v: int | None = None):
+    """Structural checks of the backward's extra inputs: dout and out of the forward's output
+    shape (batch, seqlen_q, heads_q, dim_v), ``dim_v`` v's head dim (default q's), lse
     (batch, heads_q, seqlen_q) fp32."""
-    batch, seqlen_q, heads_q, _ = q.shape
+    batch, seqlen_q, heads_q, dim = q.shape
+    shape = (batch, seqlen_q, heads_q, dim if dim_v is None else dim_v)
     for name, x in (("dout", dout), ("out", out)):
         _tensor(name, x)
-        _rank(name, x, 4, "(batch, seqlen_q, heads_q, dim)")
-        if tuple(x.shape) != tuple(q.shape):
-            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got {tuple(x.shape)}")
+        _rank(name, x, 4, "(batch, seqlen_q, heads_q, dim_v)")
+        if tuple(x.shape) != shape:
+            raise ValueError(
+                f"{name} must have the shape of the output (batch, seqlen_q, heads_q, dim_v) "
+                f"{shape}, got {tuple(x.shape)}"
+            )
         if x.dtype != q.dtype:
             raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
     _tensor("lse", lse)

@@ -93,3 +93,18 @@ def test_unknown_family_and_bad_plan_arguments_come_before_the_device_check():
         api.forward(q, k, v, family="sm80", plan=plan)
     with pytest.raises(ValueError, match=r"CUDA device"):
         api.forward(q, k, v, family="sm80")
+
+
+def test_dim_v_reaches_a_plan_with_its_own_value_columns(launches):
+    """q, k of head dim 192 and v of 128 (MLA-style): out has v's columns and the plan carries
+    ("dim_v", 128); another dim_v says which pairs exist, before any launch."""
+    q = torch.randn(2, 16, 4, 192, dtype=torch.bfloat16)
+    k = torch.randn(2, 24, 2, 192, dtype=torch.bfloat16)
+    v = torch.randn(2, 24, 2, 128, dtype=torch.bfloat16)
+    out = cuteattn.flash_attn_func(q, k, v, causal=True)
+    assert out.shape == (2, 16, 4, 128)
+    assert (launches[0].family, launches[0].head_dim, launches[0].option("dim_v")) == (
+        "sm90", 192, 128
+    )
+    with pytest.raises(NotImplementedError, match=r"\(192, 128\)"):
+        cuteattn.flash_attn_func(q, k, torch.randn(2, 24, 2, 64, dtype=torch.bfloat16))

@@ -237,17 +237,18 @@ def test_window_compiles(case):
     assert compile_backward(backward) is not None, backward
 
 
-# Varlen (packed sequences; the sm80 family so far): each target, with seqused_k and a window;
+# Varlen (packed sequences): each target, with seqused_k, a window, a padded head dim (40);
 # forward, backward (deterministic where causal) and the varlen preprocess.
 VARLEN_CASES = (
     ("sm_80", 64, True, "bf16", False, None),
     ("sm_90a", 128, False, "fp16", True, (256, 0)),
+    ("sm_90a", 40, True, "bf16", False, None),
     ("sm_120a", 256, True, "bf16", True, None),
 )
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"sm80-{c[0]}-d{c[1]}-varlen")
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{c[0]}-d{c[1]}-varlen")
 def test_varlen_compiles(case):
     arch, head_dim, causal, dtype, seqused_k, window = case
     problem = Problem(
@@ -255,12 +256,20 @@ def test_varlen_compiles(case):
         head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
         varlen=True, seqused_k=seqused_k, window=window,
     )
+    # The planner's family (sm90 on Hopper: single-tile, not packed GQA), and the sm80
+    # family's there too, forward and backward.
     plan = plan_forward(problem)
-    assert (plan.family, plan.option("varlen")) == ("sm80", True), plan
+    expected = "sm90" if arch == "sm_90a" else "sm80"
+    assert (plan.family, plan.option("varlen")) == (expected, True), plan
     assert compile_forward(plan) is not None, plan
+    if plan.family != "sm80":
+        assert compile_forward(plan_forward(problem, family="sm80")) is not None
     backward = plan_backward(dataclasses.replace(problem, deterministic=causal))
-    assert (backward.family, backward.option("varlen")) == ("sm80", True), backward
+    assert (backward.family, backward.option("varlen")) == (expected, True), backward
     assert compile_backward(backward) is not None, backward
+    if backward.family != "sm80":
+        sm80 = plan_backward(dataclasses.replace(problem, deterministic=causal), family="sm80")
+        assert compile_backward(sm80) is not None, sm80
     from cuteattn.runtime.compile import compile_backward_preprocess
 
     assert compile_backward_preprocess(
@@ -287,3 +296,66 @@ def test_padded_head_dims_compile(case):
     backward = plan_backward(dataclasses.replace(problem, deterministic=causal))
     assert backward.option("dim") == head_dim, backward
     assert compile_backward(backward) is not None, backward
+
+
+# The sm80 family pads the same way (chunks past the inputs' columns skipped, zeros in shared
+# memory): forward and backward per arch, one case packed (varlen).
+SM80_PADDED_DIM_CASES = (
+    ("sm_80", 8, True, "bf16", False),
+    ("sm_90a", 40, False, "fp16", True),
+    ("sm_120a", 80, True, "fp16", False),
+    ("sm_80", 160, False, "bf16", False),
+    ("sm_120a", 248, True, "bf16", True),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "case", SM80_PADDED_DIM_CASES,
+    ids=lambda c: f"sm80-{c[0]}-d{c[1]}-padded" + ("-varlen" if c[4] else ""),
+)
+def test_sm80_padded_head_dims_compile(case):
+    arch, head_dim, causal, dtype, varlen = case
+    problem = Problem(
+        batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=8, heads_kv=2, head_dim=head_dim,
+        head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
+        varlen=varlen,
+    )
+    plan = plan_forward(problem, family="sm80")
+    assert (plan.option("dim"), plan.option("varlen")) == (head_dim, varlen or None), plan
+    assert compile_forward(plan) is not None, plan
+    backward = plan_backward(dataclasses.replace(problem, deterministic=causal), family="sm80")
+    assert backward.option("dim") == head_dim and backward.head_dim > head_dim, backward
+    assert compile_backward(backward) is not None, backward
+
+
+# (dim, dim_v) = (192, 128), MLA-style: forward and backward per arch.
+DIM_V_CASES = (("sm_80", True, "bf16", False), ("sm_90a", False, "fp16", True),
+               ("sm_120a", True, "bf16", True))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", DIM_V_CASES, ids=lambda c: f"{c[0]}-d192-v128")
+def test_dim_v_compiles(case):
+    arch, causal, dtype, deterministic = case
+    problem = Problem(
+        batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=8, heads_kv=2, head_dim=192,
+        head_dim_v=128, dtype=dtype, causal=causal, arch=arch_from_name(arch),
+        deterministic=deterministic,
+    )
+    # The forward: the sm90 family's on Hopper (and the sm80 family's there too); the
+    # backward: the sm80 family's everywhere.
+    plan = plan_forward(problem)
+    expected = "sm90" if arch == "sm_90a" else "sm80"
+    assert (plan.family, plan.option("dim_v")) == (expected, 128), plan
+    assert compile_forward(plan) is not None, plan
+    if plan.family != "sm80":
+        assert compile_forward(plan_forward(problem, family="sm80")) is not None
+    backward = plan_backward(problem)
+    assert (backward.family, backward.option("dim_v")) == (expected, 128), backward
+    assert compile_backward(backward) is not None, backward
+    if backward.family != "sm80":
+        assert compile_backward(plan_backward(problem, family="sm80")) is not None
+    from cuteattn.runtime.compile import compile_backward_preprocess
+
+    assert compile_backward_preprocess(backward.arch, dtype, 128) is not None

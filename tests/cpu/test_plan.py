@@ -114,23 +114,33 @@ def test_plans_are_hashable_cache_keys():
 
 @pytest.mark.parametrize("head_dim", (8, 32, 40, 72, 160, 248))
 def test_head_dims_between_the_kernels(head_dim):
-    """The sm90 family pads a head dim between its kernels' to the next one (plan option
-    ("dim", d)), forward and backward; the sm80 family refuses it, naming the rule."""
-    plan = plan_forward(problem(head_dim=head_dim))
+    """Both families pad a head dim between their kernels' to the next one (plan option
+    ("dim", d)), forward and backward, on every arch they run on."""
     kernel_dim = min(d for d in (64, 96, 128, 192, 256) if d >= head_dim)
+    plan = plan_forward(problem(head_dim=head_dim))
     assert (plan.family, plan.head_dim, plan.option("dim")) == ("sm90", kernel_dim, head_dim)
     assert check_plan(plan, problem(head_dim=head_dim)) is plan
-    with pytest.raises(NotImplementedError, match=rf"head_dim {head_dim} is not one of \(64, 96"):
-        plan_forward(problem(head_dim=head_dim, arch="sm_80"))
-    with pytest.raises(NotImplementedError, match=r"kernel family 'sm80' cannot run"):
-        plan_forward(problem(head_dim=head_dim), family="sm80")
+    for arch, family in (("sm_90a", "sm80"), ("sm_80", None), ("sm_120a", None)):
+        sm80 = plan_forward(problem(head_dim=head_dim, arch=arch), family=family)
+        assert (sm80.family, sm80.head_dim, sm80.option("dim")) == ("sm80", kernel_dim, head_dim)
+        assert check_plan(sm80, problem(head_dim=head_dim, arch=arch)) is sm80
+        assert sm80.options == tuple(sorted(sm80.options))
+        backward = plan_backward(problem(head_dim=head_dim, arch=arch), family=family)
+        assert (backward.head_dim, backward.option("dim")) == (kernel_dim, head_dim)
+        assert backward.option("deterministic") is False
     backward = plan_backward(problem(head_dim=head_dim))
     assert (backward.head_dim, backward.option("dim")) == (kernel_dim, head_dim)
     assert check_plan(backward, problem(head_dim=head_dim)) is backward
 
 
+@pytest.mark.parametrize("head_dim", (4, 12, 260))
+def test_head_dims_no_kernel_pads_to(head_dim):
+    with pytest.raises((NotImplementedError, ValueError), match="head_dim|head dim"):
+        plan_forward(problem(head_dim=head_dim, arch="sm_80"))
+
+
 def test_unsupported_requests():
-    with pytest.raises(NotImplementedError, match="dim_v != dim"):
+    with pytest.raises(NotImplementedError, match=r"dim_v 64 with head_dim 128: .*\(192, 128\)"):
         plan_forward(problem(head_dim=128, head_dim_v=64))
     with pytest.raises(ValueError, match="dtype 'fp32'"):
         plan_forward(problem(dtype="fp32"))
@@ -436,3 +446,48 @@ def test_window_plans(family, arch):
         assert not get_family(family).can_implement(dataclasses.replace(plan, options=options), caps)
     causal_windowed = dataclasses.replace(plan, causal=True)
     assert not get_family(family).can_implement(causal_windowed, caps)
+
+
+@pytest.mark.parametrize("arch", ("sm_80", "sm_90a", "sm_120a"))
+def test_dim_v_pair_plans(arch):
+    """(192, 128), MLA-style: the kernels take v and out of 128 columns (plan option
+    ("dim_v", 128)), forward and backward, in the sm90 family on Hopper (128 x 128 forward
+    tiles), the sm80 family elsewhere."""
+    mla = problem(head_dim=192, head_dim_v=128, arch=arch)
+    family = "sm90" if arch == "sm_90a" else "sm80"
+    for plan in (plan_forward(mla), plan_backward(mla)):
+        assert (plan.family, plan.head_dim, plan.option("dim_v")) == (family, 192, 128)
+        assert check_plan(plan, mla) is plan
+    if family == "sm90":
+        assert (plan_forward(mla).tile_m, plan_forward(mla).tile_n) == (128, 128)
+    with pytest.raises(ValueError, match=r"head_dim_v 192 \(the inputs have 128\)"):
+        check_plan(plan_forward(problem(head_dim=192, arch=arch)), mla)
+
+
+def test_varlen_plans_in_the_sm90_family_on_hopper():
+    """Packed batches (seqused_k too): the sm90 family's forward and backward on Hopper
+    (single-tile, not packed GQA)."""
+    packed = problem(heads_q=8, heads_kv=1, varlen=True)
+    forward, backward = plan_forward(packed), plan_backward(packed)
+    assert (forward.family, backward.family) == ("sm90", "sm90")
+    assert (forward.option("persistent"), forward.option("pack_gqa")) == (False, 1)
+    used = problem(varlen=True, seqused_k=True)
+    assert (plan_forward(used).family, plan_backward(used).family) == ("sm90", "sm90")
+
+
+def test_softcap_forward_plans_share_exponentials_with_the_fma_pipe(monkeypatch):
+    """A soft-capped sm90 forward plan carries ("exp2_poly", 8); the environment overrides it
+    (0: none), and a malformed value is refused by name."""
+    from cuteattn.kernels.sm90.family import EXP2_POLY_ENV
+
+    capped = problem(softcap=30.0)
+    assert plan_forward(capped).option("exp2_poly") == 8
+    assert plan_forward(problem()).option("exp2_poly") is None
+    assert plan_backward(capped).option("exp2_poly") is None
+    monkeypatch.setenv(EXP2_POLY_ENV, "0")
+    assert plan_forward(capped).option("exp2_poly") is None
+    monkeypatch.setenv(EXP2_POLY_ENV, "1")
+    assert plan_forward(capped).option("exp2_poly") == 1
+    monkeypatch.setenv(EXP2_POLY_ENV, "two")
+    with pytest.raises(ValueError, match=EXP2_POLY_ENV):
+        plan_forward(capped)

@@ -209,7 +209,7 @@ def test_backward_entry_checks_its_inputs(cpu_launches, monkeypatch):
     dout = torch.randn_like(out)
     with pytest.raises(TypeError, match=r"lse must be torch.float32"):
         api.backward(dout, q, k, v, out, lse.double())
-    with pytest.raises(ValueError, match=r"dout must have the shape of q"):
+    with pytest.raises(ValueError, match=r"dout must have the shape of the output"):
         api.backward(dout[:, :-1], q, k, v, out, lse)
     # A forced family that cannot run the backward here: sm90 on an sm_80 device.
     monkeypatch.setenv(ARCH_ENV, "sm_80")
@@ -313,3 +313,20 @@ def test_sink_grad_of_rows_without_keys_and_a_sink_of_minus_inf():
     dout = torch.ones(1, 2, 2, 4)
     got = ops.sink_grad(sink, lse, out, dout)
     assert torch.isfinite(got).all() and got[0] == 0
+
+
+def test_dim_v_trains_through_autograd_and_compile(cpu_launches):
+    """(192, 128): the attention op and its backward carry v's head dim (out, dout and dv of
+    128 columns), eager and torch.compile(fullgraph=True) alike."""
+    q, k, _ = qkv(shape=(2, 16, 24, 4, 2, 192))
+    v = torch.randn(2, 24, 2, 128, dtype=torch.bfloat16, requires_grad=True)
+    training_loss(q, k, v).backward()
+    eager = [x.grad.clone() for x in (q, k, v)]
+    assert eager[2].shape == v.shape
+    plans = [plan for kind, plan, _ in cpu_launches]
+    assert [plan.option("dim_v") for plan in plans] == [128, 128]
+    for x in (q, k, v):
+        x.grad = None
+    torch.compile(training_loss, backend="aot_eager", fullgraph=True)(q, k, v).backward()
+    for got, want in zip((q.grad, k.grad, v.grad), eager):
+        assert torch.equal(got, want)

@@ -71,13 +71,12 @@ def test_head_dim_above_256(dim):
 
 
 @pytest.mark.parametrize("dim", [32, 40, 160])
-def test_head_dims_without_a_kernel_are_the_planners_to_reject(dim):
-    """Well-formed head dims pass validation; where no family has a kernel for them (sm_80:
-    no padding), the planner says so."""
+def test_head_dims_between_the_kernels_pass_validation_and_plan_padded(dim):
+    """Well-formed head dims pass validation; every family pads them to its next kernel's."""
     q, k, v = qkv(dim=dim)
     validate.check_forward(q, k, v)
-    with pytest.raises(NotImplementedError, match=rf"head_dim {dim} is not one of"):
-        plan_forward(problem_of(q, k, v, arch="sm_80"))
+    plan = plan_forward(problem_of(q, k, v, arch="sm_80"))
+    assert plan.option("dim") == dim and plan.head_dim > dim
 
 
 def test_head_dim_not_multiple_of_8():
@@ -301,3 +300,14 @@ def test_learnable_sink_rules():
         call(q, k, v, learnable_sink=torch.zeros(4, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=r"learnable_sink must be on the device of q"):
         call(q, k, v, learnable_sink=torch.zeros(4, device="meta"))
+
+
+def test_backward_inputs_take_the_output_shape_of_a_dim_v_pair():
+    """dout and out have v's head dim (192 / 128, MLA-style): accepted; q's dim is not."""
+    q = torch.randn(2, 16, 4, 192, dtype=torch.bfloat16)
+    out = torch.randn(2, 16, 4, 128, dtype=torch.bfloat16)
+    lse = torch.randn(2, 4, 16)
+    validate.check_backward(out.clone(), q, out, lse, dim_v=128)
+    with pytest.raises(ValueError, match=r"dout must have the shape of the output .*\(2, 16, 4, 128\)"):
+        validate.check_backward(torch.randn(2, 16, 4, 192, dtype=torch.bfloat16), q, out, lse,
+                                dim_v=128)

@@ -66,11 +66,11 @@ def call(q, k, v, cu_q, cu_k, **kwargs):
      dict(learnable_sink=torch.randn(4))],
     ids=["dense", "causal", "window", "softcap", "sink"],
 )
-def test_varlen_reaches_the_sm80_plan_and_matches_the_reference(cpu_launch, kwargs):
+def test_varlen_reaches_the_planned_kernel_and_matches_the_reference(cpu_launch, kwargs):
     q, k, v, cu_q, cu_k = packed()
     out, lse = call(q, k, v, cu_q, cu_k, return_lse=True, **kwargs)
     plan = cpu_launch[-1]["plan"]
-    assert (plan.family, plan.option("varlen")) == ("sm80", True)  # sm90: not yet
+    assert (plan.family, plan.option("varlen")) == ("sm90", True)  # the forward on Hopper
     assert out.shape == q.shape and lse.shape == (4, q.shape[0])
     expected, expected_lse = reference.attention(
         q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kwargs
@@ -83,7 +83,8 @@ def test_seqused_k_is_a_plan_option(cpu_launch):
     q, k, v, cu_q, cu_k = packed()
     used = torch.tensor([3, 4, 0, 7], dtype=torch.int32)
     out = call(q, k, v, cu_q, cu_k, seqused_k=used)
-    assert cpu_launch[-1]["plan"].option("seqused_k") is True
+    plan = cpu_launch[-1]["plan"]
+    assert (plan.family, plan.option("seqused_k")) == ("sm90", True)
     expected, _ = reference.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used)
     torch.testing.assert_close(out, expected.to(out.dtype))
 

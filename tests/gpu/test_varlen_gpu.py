@@ -1,16 +1,18 @@
-"""flash_attn_varlen_func on the GPU (the sm80 family; sm90 plans it there too): packed batches
-of random lengths (0 and 1 included, total_q != total_k), seqused_k, causal and windows aligned
+"""flash_attn_varlen_func on the GPU through both families, forward and backward: packed
+batches of random lengths (0 and 1 included, total_q != total_k), seqused_k, causal and windows aligned
 per sequence, GQA and MQA, bf16 and fp16, against the fp32 reference with the dense tests' rule;
 out and lse poisoned first, rows of every sequence checked."""
 
 import pytest
 import torch
 
-from cuteattn.testing import param_id
+from cuteattn.plan import families
+from cuteattn.testing import param_id, skip_unless_family_runs
 
 pytestmark = pytest.mark.gpu
 
 DTYPES = (torch.bfloat16, torch.float16)
+FAMILIES = [family.name for family in families()]
 
 
 def _cumulative(lengths):
@@ -33,11 +35,13 @@ def _batch(seed, count, longest):
 @pytest.mark.parametrize("heads", ((8, 8), (8, 2), (8, 1)), ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=param_id)
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_varlen_forward(head_dim, dtype, heads, causal, window, seqused):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varlen_forward(family, head_dim, dtype, heads, causal, window, seqused):
     import cuteattn
     from cuteattn.reference import attention
     from cuteattn.testing import assert_close_to_reference
 
+    skip_unless_family_runs(family)
     lengths_q, lengths_k = _batch(head_dim + len(heads) + int(causal), 7, 700)
     heads_q, heads_kv = heads
     q = torch.randn(sum(lengths_q), heads_q, head_dim, device="cuda", dtype=dtype)
@@ -51,7 +55,7 @@ def test_varlen_forward(head_dim, dtype, heads, causal, window, seqused):
     out = torch.full_like(q, float("nan"))
     got, lse = cuteattn.flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), seqused_k=seqused_k,
-        causal=causal, window_size=window_size, out=out, return_lse=True,
+        causal=causal, window_size=window_size, out=out, return_lse=True, family=family,
     )
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr()
@@ -63,20 +67,23 @@ def test_varlen_forward(head_dim, dtype, heads, causal, window, seqused):
     assert_close_to_reference("lse", lse, lse_ref, lse_pt)
 
 
-def test_varlen_equals_the_padded_batch():
-    """Sequences of one length packed give the dense call's result bitwise (same kernels,
-    same order of work per row)."""
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varlen_equals_the_padded_batch(family):
+    """Sequences of one length packed give the dense call's result bitwise (the family's
+    kernels, the same key tiles in the same order for every row)."""
     import cuteattn
     from cuteattn import api
 
+    skip_unless_family_runs(family)
     q = torch.randn(3, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(3, 500, 2, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    dense, _ = api.forward(q, k, v, causal=True, family="sm80")
+    dense, _ = api.forward(q, k, v, causal=True, family=family)
     cu_q = torch.arange(0, 901, 300, dtype=torch.int32, device="cuda")
     cu_k = torch.arange(0, 1501, 500, dtype=torch.int32, device="cuda")
     packed = cuteattn.flash_attn_varlen_func(
-        q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 300, 500, causal=True
+        q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 300, 500, causal=True,
+        family=family,
     )
     assert torch.equal(packed, dense.flatten(0, 1))
 
@@ -87,12 +94,14 @@ def test_varlen_equals_the_padded_batch():
 @pytest.mark.parametrize("heads", ((8, 8), (8, 2), (8, 1)), ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=param_id)
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
-def test_varlen_backward(head_dim, dtype, heads, causal, window, deterministic):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varlen_backward(family, head_dim, dtype, heads, causal, window, deterministic):
     """dq, dk, dv through autograd (cuteattn::varlen_attention -> varlen_backward) against the
     reference's; deterministic runs bitwise equal."""
     import cuteattn
     from cuteattn.testing import assert_grads_close
 
+    skip_unless_family_runs(family)
     lengths_q, lengths_k = _batch(head_dim + len(heads) + 7 * int(causal), 6, 600)
     heads_q, heads_kv = heads
     q = torch.randn(sum(lengths_q), heads_q, head_dim, device="cuda", dtype=dtype)
@@ -106,7 +115,7 @@ def test_varlen_backward(head_dim, dtype, heads, causal, window, deterministic):
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
         out = cuteattn.flash_attn_varlen_func(
             *leaves, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
-            window_size=window_size, deterministic=deterministic,
+            window_size=window_size, deterministic=deterministic, family=family,
         )
         out.backward(dout)
         return [x.grad for x in leaves]
@@ -142,3 +151,47 @@ def test_varlen_backward_with_seqused_k_and_a_sink():
                   learnable_sink=sink)
     assert_grads_close([leaf.grad for leaf in leaves], q, k, v, dout, out=out.detach(),
                        lse=lse.detach(), **kwargs)
+
+
+@pytest.mark.parametrize("head_dim,causal", ((64, False), (128, True), (192, True), (256, False)))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varlen_ignores_what_lies_past_the_sequences(family, head_dim, causal):
+    """NaN in the packed rows past the last sequence and in the keys past seqused_k (a cache's
+    unwritten tail) reaches no result: tiles that cross a sequence's end read those rows, and
+    the kernels zero them (P = 0 times NaN would still be NaN). Forward and backward."""
+    import cuteattn
+    from cuteattn.reference import attention
+    from cuteattn.testing import assert_close_to_reference, assert_grads_close
+
+    skip_unless_family_runs(family)
+    lengths_q, lengths_k = [70, 1, 130, 200], [90, 5, 64, 333]
+    cu_q, cu_k = _cumulative(lengths_q), _cumulative(lengths_k)
+    tail = 77
+    q = torch.randn(sum(lengths_q) + tail, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths_k) + tail, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    used = torch.tensor([n - 7 if n > 7 else n for n in lengths_k], dtype=torch.int32,
+                        device="cuda")
+    for x, lengths in ((q, lengths_q), (k, lengths_k), (v, lengths_k), (dout, lengths_q)):
+        x[sum(lengths):] = float("nan")
+    for b, n in enumerate(lengths_k):  # the keys past seqused_k
+        start = int(cu_k[b])
+        k[start + int(used[b]):start + n] = float("nan")
+        v[start + int(used[b]):start + n] = float("nan")
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = cuteattn.flash_attn_varlen_func(
+        *leaves, cu_q, cu_k, max(lengths_q), max(lengths_k), seqused_k=used, causal=causal,
+        family=family,
+    )
+    out.backward(dout)
+    rows_q, rows_k = sum(lengths_q), sum(lengths_k)
+    options = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used)
+    # The reference reads only the used keys; clean copies keep its autograd NaN-free.
+    clean = [x.nan_to_num(0.0) for x in (q, k, v, dout)]
+    out_ref, _ = attention(*clean[:3], **options)
+    out_pt, _ = attention(*clean[:3], upcast=False, **options)
+    assert_close_to_reference("out", out.detach()[:rows_q], out_ref[:rows_q], out_pt[:rows_q])
+    grads = [leaves[0].grad[:rows_q], leaves[1].grad[:rows_k], leaves[2].grad[:rows_k]]
+    want_shapes = [clean[0][:rows_q], clean[1][:rows_k], clean[2][:rows_k]]
+    assert_grads_close(grads, *want_shapes, clean[3][:rows_q], **options)

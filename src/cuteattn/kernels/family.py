@@ -22,7 +22,7 @@ from cuteattn.plan import KernelPlan, Problem
 
 # Plan options that come from the problem's score features rather than from a family's tiling
 # choices; every family's plans carry them the same way (``with_features``).
-FEATURE_OPTIONS = ("dim", "seqused_k", "sink", "softcap", "varlen", "window")
+FEATURE_OPTIONS = ("dim", "dim_v", "seqused_k", "sink", "softcap", "varlen", "window")
 
 
 def kernel_head_dim(head_dims: tuple[int, ...], head_dim: int) -> int | None:
@@ -37,6 +37,8 @@ def feature_options(problem: Problem, kind: str = "forward") -> tuple:
     ("softcap", value) when soft-capping is on; ("sink", True) for a forward with a learnable
     sink (the backward reads the sink only through lse)."""
     options = []
+    if problem.head_dim_v != problem.head_dim:
+        options.append(("dim_v", problem.head_dim_v))
     if problem.sink and kind == "forward":
         options.append(("sink", True))
     if problem.softcap > 0:
@@ -69,6 +71,11 @@ def features_well_formed(plan: KernelPlan) -> bool:
         (softcap is None or (isinstance(softcap, float) and math.isfinite(softcap) and softcap > 0))
         and (sink is None or (sink is True and plan.kind == "forward"))
         and dim_well_formed(plan)
+        and (
+            plan.option("dim_v") is None
+            or (type(plan.option("dim_v")) is int and plan.option("dim_v") != plan.head_dim
+                and plan.option("dim") is None)
+        )
         and window_well_formed(plan.option("window"), plan.causal)
         and plan.option("varlen") in (None, True)
         and plan.option("seqused_k") in (None, True)
@@ -113,6 +120,9 @@ class KernelFamily(abc.ABC):
     # Whether the family has a backward kernel (``backward_candidates``, ``kind="backward"``
     # plans in ``can_implement`` and ``kernel``).
     has_backward: ClassVar[bool] = False
+    # (head dim, dim_v) pairs with a dim_v of their own (plan option ("dim_v", d)), forward
+    # and backward: MLA-style attention (DeepSeek: 192 for q and k, 128 for v).
+    dim_v_pairs: ClassVar[tuple[tuple[int, int], ...]] = ()
 
     @abc.abstractmethod
     def supports(self, arch: ArchCaps) -> bool:
@@ -126,8 +136,13 @@ class KernelFamily(abc.ABC):
         padded = self.pads_head_dim and kernel_head_dim(self.head_dims, problem.head_dim)
         if problem.head_dim not in self.head_dims and not padded:
             return f"head_dim {problem.head_dim} is not one of {self.head_dims}"
-        if problem.head_dim_v != problem.head_dim:
-            return "dim_v != dim is not supported yet"
+        pair = (problem.head_dim, problem.head_dim_v)
+        if problem.head_dim_v != problem.head_dim and pair not in self.dim_v_pairs:
+            pairs = ", ".join(str(p) for p in self.dim_v_pairs) or "none"
+            return (
+                f"dim_v {problem.head_dim_v} with head_dim {problem.head_dim}: the (dim, dim_v) "
+                f"pairs of this family are {pairs}"
+            )
         return None
 
     @abc.abstractmethod

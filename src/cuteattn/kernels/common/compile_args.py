@@ -23,13 +23,16 @@ def _fake_sizes() -> dict:
     return {name: cute.sym_int() for name in names}
 
 
-def _fake_bshd(plan: KernelPlan, batch, seqlen, heads):
+def _fake_bshd(plan: KernelPlan, batch, seqlen, heads, *, values: bool = False):
     """A (batch, seqlen, heads, dim) tensor of the plan's dtype, last mode contiguous; dim is
-    the inputs' (``("dim", d)`` of a padded plan), not necessarily the kernel's."""
+    the inputs' (``("dim", d)`` of a padded plan), not necessarily the kernel's; ``values``
+    (v, out and their gradients): the plan's ``("dim_v", d)`` where it has one."""
     dtype = dsl_dtype(plan.dtype)
     elems_16b = 128 // dtype.width
     strides = tuple(cute.sym_int64(divisibility=elems_16b) for _ in range(3)) + (1,)
     dim = plan.option("dim", plan.head_dim)
+    if values:
+        dim = plan.option("dim_v", dim)
     return make_fake_tensor(dtype, (batch, seqlen, heads, dim), strides, assumed_align=16)
 
 
@@ -47,8 +50,8 @@ def fake_forward_args(plan: KernelPlan) -> tuple:
     n = _fake_sizes()
     q = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
     k = _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"])
-    v = _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"])
-    out = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
+    v = _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"], values=True)
+    out = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"], values=True)
     lse = _fake_fp32(n["batch"], n["heads_q"], n["seqlen_q"], align=4)
     sink = None
     if plan.option("sink", False):
@@ -82,9 +85,11 @@ def fake_backward_args(plan: KernelPlan, dq_chunks: tuple[int, int] = (1, 0)) ->
     n = _fake_sizes()
     rows = cute.sym_int()
     q = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
-    dout = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
-    k, v, dk, dv = (
-        _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"]) for _ in range(4)
+    dout = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"], values=True)
+    k, dk = (_fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"]) for _ in range(2))
+    v, dv = (
+        _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"], values=True)
+        for _ in range(2)
     )
     # The kernels' contract: rows padded to whole query tiles, so every (batch, head) row starts
     # 16-byte aligned (the sm80 backward cp.asyncs them 16 bytes at a time).

@@ -12,6 +12,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
+from cuteattn.kernels.common.columns import copy_row
+
 
 @cute.jit
 def store_lse(gLSE: cute.Tensor, lse: cute.Tensor, coords: cute.Tensor, rows_left: Int32):
@@ -40,13 +42,15 @@ def store_o(
     tidx: Int32,
     sync: Callable[[], None],
     smem_copy_atom: cute.CopyAtom | None = None,
+    columns: cutlass.Constexpr = None,
 ):
     """O accumulator (fp32, already normalised) -> gO, rows at or past ``rows_left`` skipped.
 
     sO: a (tile_m, head_dim) shared buffer no thread still reads (the caller's sync);
     gmem_tiled_copy: 128-bit copies of whole rows, with the threads that run this epilogue;
     sync: the barrier among those threads (the CTA barrier, or a named barrier of the warps
-    that own O); smem_copy_atom: the register -> shared copy (default: plain stores).
+    that own O); smem_copy_atom: the register -> shared copy (default: plain stores);
+    columns: a padded head dim's input columns (only those are stored), else None.
     """
     dtype = gO.element_type
     rO = cute.make_fragment_like(acc_O, dtype)
@@ -65,8 +69,12 @@ def store_o(
     # Row bound relative to this thread's first row, so the loop compares constants (thread
     # 0's rows) against one per-thread limit.
     coords = cute.make_identity_tensor(gO.shape)
-    thread_rows_left = rows_left - gmem_thr_store.partition_S(coords)[0][0]
+    thread_coords = gmem_thr_store.partition_S(coords)
+    thread_rows_left = rows_left - thread_coords[0][0]
     coords_t0 = gmem_tiled_copy.get_slice(0).partition_S(coords)
     for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
         if coords_t0[0, m, 0][0] < thread_rows_left:
-            cute.copy(gmem_tiled_copy, tOrO[None, m, None], tOgO[None, m, None])
+            copy_row(
+                gmem_tiled_copy, tOrO[None, m, None], tOgO[None, m, None],
+                thread_coords[None, m, None], columns,
+            )

@@ -10,7 +10,10 @@ class AttentionKernel:
 
     ``softcap`` > 0: the scores are soft-capped (``kernels/common/softcap.py``), a compile-time
     constant. ``window``: a local window's (left, right), -1 unbounded (``BlockInfo``), or
-    None. ``varlen``: packed sequences of their own lengths (``SeqlenInfo.varlen``)."""
+    None. ``varlen``: packed sequences of their own lengths (``SeqlenInfo.varlen``).
+    ``input_dim``: the inputs' head dim where the kernel pads it to ``head_dim`` (a family that
+    copies rows chunk by chunk: ``kernels/common/columns.py``), else None. ``head_dim_v``: the
+    columns of v and out where they differ from q's and k's (None: the same)."""
 
     def __init__(
         self,
@@ -23,6 +26,8 @@ class AttentionKernel:
         softcap: float = 0.0,
         window: tuple[int, int] | None = None,
         varlen: bool = False,
+        input_dim: int | None = None,
+        head_dim_v: int | None = None,
     ):
         self.dtype = dtype
         self.head_dim = head_dim
@@ -32,3 +37,5 @@ class AttentionKernel:
         self.softcap = softcap
         self.window = window
         self.varlen = varlen
+        self.input_dim = input_dim
+        self.head_dim_v = head_dim_v or head_dim

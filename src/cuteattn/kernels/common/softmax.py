@@ -31,6 +31,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from cuteattn.kernels.common.exp2_poly import exp2_poly
 from cuteattn.kernels.common.fragments import acc_as_rows_cols
 
 LN2 = math.log(2.0)
@@ -92,13 +93,16 @@ class OnlineSoftmax:
 
     def __init__(
         self, scale_log2: Float32, num_rows: int, *, reduce_chains: int = 4,
-        rescale_threshold: float = 0.0,
+        rescale_threshold: float = 0.0, exp2_poly_every: int = 0,
     ):
         """reduce_chains: independent chains per row reduction (``row_reduce``). Four suit a
         warpgroup's two rows per thread; the sm80 kernel, four or more rows per thread at 255
         registers, spills with them (d128: 20 -> 55 spill instructions) and uses one.
-        rescale_threshold: log2 units a row's max may lag behind (0: always the new max)."""
+        rescale_threshold: log2 units a row's max may lag behind (0: always the new max).
+        exp2_poly_every: every that-many-th column's exponential on the FMA pipe
+        (``exp2_poly``: soft-capping's tanh shares MUFU with exp2), 0 for none."""
         self.rescale_threshold = rescale_threshold
+        self.exp2_poly_every = exp2_poly_every
         self.scale_log2 = scale_log2
         self.num_rows = num_rows
         self.reduce_chains = reduce_chains
@@ -127,8 +131,17 @@ class OnlineSoftmax:
                 safe_max = prev_max if keep else safe_max
                 new_max = prev_max if keep else new_max
             max_scaled = safe_max * self.scale_log2
-            probs = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
-            scores[r, None] = probs
+            if cutlass.const_expr(self.exp2_poly_every > 0):
+                every = self.exp2_poly_every
+                for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
+                    exponent = scores[r, c] * self.scale_log2 - max_scaled
+                    if cutlass.const_expr(c % every == every - 1):
+                        scores[r, c] = exp2_poly(exponent)
+                    else:
+                        scores[r, c] = cute.math.exp2(exponent, fastmath=True)
+            else:
+                probs = cute.math.exp2(row * self.scale_log2 - max_scaled, fastmath=True)
+                scores[r, None] = probs
             if cutlass.const_expr(is_first):
                 row_scale[r] = Float32(1.0)
                 self.row_sum[r] = row_reduce(scores[r, None], _add, chains=self.reduce_chains)

@@ -36,7 +36,8 @@ sees writes dK = dV = 0.
 
 K and V rows past seqlen_k are zeroed in shared memory: dQ = dS K must not pick up 0 * NaN.
 
-Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256; warps tile the three GEMMs as
+Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256 (inputs of fewer columns, a multiple of
+8, are padded: ``kernels/common/columns.py``); warps tile the three GEMMs as
 ``tiling.backward_warp_layouts`` says (tile_m, tile_n and dim multiples of its extents).
 """
 
@@ -50,6 +51,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common import turns
 from cuteattn.kernels.common.block_info import BlockInfo
+from cuteattn.kernels.common.columns import copy_row, zero_columns_past
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.epilogue import store_o
@@ -141,6 +143,12 @@ class FlashBackwardSm80(AttentionKernel):
             tile_atom, (self.tile_m, self.head_dim, self.num_stages), (0, 1, 2)
         )
         sKV_layout = cute.tile_to_shape(tile_atom, (self.tile_n, self.head_dim), (0, 1))
+        # dO and V: head_dim_v columns (the same swizzle-atom width: tiling.same_row_copies).
+        tile_atom_v = smem_tile_atom(self.dtype, self.head_dim_v)
+        sdO_layout = cute.tile_to_shape(
+            tile_atom_v, (self.tile_m, self.head_dim_v, self.num_stages), (0, 1, 2)
+        )
+        sV_layout = cute.tile_to_shape(tile_atom_v, (self.tile_n, self.head_dim_v), (0, 1))
         sPdS_layout = cute.tile_to_shape(
             smem_tile_atom(self.dtype, self.tile_n), (self.tile_m, self.tile_n), (0, 1)
         )
@@ -148,9 +156,9 @@ class FlashBackwardSm80(AttentionKernel):
         @cute.struct
         class SharedStorage:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
             sdS: cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024
@@ -172,7 +180,8 @@ class FlashBackwardSm80(AttentionKernel):
             mQ, mK, mV, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
             mCuSeqlensQ, mCuSeqlensK, mSequsedK,
             capping.exp2_scale(softmax_scale, self.softcap), softmax_scale,
-            sQ_layout, sKV_layout, sPdS_layout, gmem_copy_async, gmem_copy_store,
+            sQ_layout, sdO_layout, sKV_layout, sV_layout, sPdS_layout, gmem_copy_async,
+            gmem_copy_store,
             _tiled_mma(self.dtype, self.warps_sdp),
             _tiled_mma(self.dtype, self.warps_dkv),
             _tiled_mma(self.dtype, self.warps_dq),
@@ -203,7 +212,9 @@ class FlashBackwardSm80(AttentionKernel):
         scale_log2: Float32,
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
         sPdS_layout: cute.ComposedLayout,
         gmem_copy_async: cute.TiledCopy,
         gmem_copy_store: cute.TiledCopy,
@@ -220,6 +231,7 @@ class FlashBackwardSm80(AttentionKernel):
         )
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
+        tile_v = (self.tile_n, self.head_dim_v)
         tile_mn = (self.tile_m, self.tile_n)
         if cutlass.const_expr(self.varlen):
             seqlen = SeqlenInfo.varlen(
@@ -233,9 +245,9 @@ class FlashBackwardSm80(AttentionKernel):
         # ---- Shared memory and its MMA views ------------------------------------------------------
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ_stages = storage.sQ.get_tensor(sQ_layout)
-        sdO_stages = storage.sdO.get_tensor(sQ_layout)
+        sdO_stages = storage.sdO.get_tensor(sdO_layout)
         sK = storage.sK.get_tensor(sKV_layout)
-        sV = storage.sV.get_tensor(sKV_layout)
+        sV = storage.sV.get_tensor(sV_layout)
         sP = storage.sP.get_tensor(sPdS_layout)
         sdS = storage.sdS.get_tensor(sPdS_layout)
         sdQ = None
@@ -303,21 +315,33 @@ class FlashBackwardSm80(AttentionKernel):
             seqlen.rows(mK, batch, head_kv, keys=True, packed=self.varlen), tile_kv, (n_block, 0)
         )
         gV = cute.local_tile(
-            seqlen.rows(mV, batch, head_kv, keys=True, packed=self.varlen), tile_kv, (n_block, 0)
+            seqlen.rows(mV, batch, head_kv, keys=True, packed=self.varlen), tile_v, (n_block, 0)
         )
         kv_rows_left = seqlen.seqlen_k - n_block * self.tile_n
+        if cutlass.const_expr(self.input_dim is not None):
+            # A padded head dim: the columns no load writes hold zeros from here on.
+            kv_coords = gmem_thr_copy.partition_S(coords_kv)
+            q_coords = gmem_thr_copy.partition_S(cute.make_identity_tensor(tile_q))
+            for smem in (sK, sV):
+                zero_columns_past(gmem_thr_copy.partition_D(smem), kv_coords, self.input_dim)
+            for stages in (sQ_stages, sdO_stages):
+                for stage in cutlass.range_constexpr(self.num_stages):
+                    zero_columns_past(
+                        gmem_thr_copy.partition_D(stages[None, None, stage]), q_coords,
+                        self.input_dim,
+                    )
         self.load_rows(
             gmem_copy_async, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK),
             coords_kv, kv_rows_left,
         )
         self.load_rows(
             gmem_copy_async, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV),
-            coords_kv, kv_rows_left,
+            cute.make_identity_tensor(tile_v), kv_rows_left,
         )
         cute.arch.cp_async_commit_group()
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
-        acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
+        acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_v), Float32)
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         score_coords = tile_coords(thr_sdp, tile_mn)
@@ -456,19 +480,20 @@ class FlashBackwardSm80(AttentionKernel):
         cute.arch.barrier()
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * softmax_scale
-        for acc, smem, mgrad in ((acc_dK, sK, mdK), (acc_dV, sV, mdV)):
+        for acc, smem, mgrad, tile in ((acc_dK, sK, mdK, tile_kv), (acc_dV, sV, mdV, tile_v)):
             store_o(
                 acc,
                 smem,
                 cute.local_tile(
                     seqlen.rows(mgrad, batch, head_kv, keys=True, packed=self.varlen),
-                    tile_kv, (n_block, 0),
+                    tile, (n_block, 0),
                 ),
                 kv_rows_left,
                 tiled_mma=tiled_mma_dkv,
                 gmem_tiled_copy=gmem_copy_store,
                 tidx=tidx,
                 sync=cute.arch.barrier,
+                columns=self.input_dim,
             )
 
     @cute.jit
@@ -481,17 +506,19 @@ class FlashBackwardSm80(AttentionKernel):
         per-row buffers are padded to whole query tiles)."""
         head = head_kv * group + step // num_m_blocks
         m_block = m_block_min + step % num_m_blocks
-        tile_q = (self.tile_m, self.head_dim)
         thr_copy = gmem_copy_async.get_slice(cute.arch.thread_idx()[0])
-        coords_q = cute.make_identity_tensor(tile_q)
         rows_left = seqlen.seqlen_q - m_block * self.tile_m
-        for mX, sX in ((mQ, sQ_stages), (mdO, sdO_stages)):
+        for mX, sX, columns in (
+            (mQ, sQ_stages, self.head_dim), (mdO, sdO_stages, self.head_dim_v)
+        ):
+            tile = (self.tile_m, columns)
             gX = cute.local_tile(
-                seqlen.rows(mX, batch, head, keys=False, packed=self.varlen), tile_q, (m_block, 0)
+                seqlen.rows(mX, batch, head, keys=False, packed=self.varlen), tile, (m_block, 0)
             )
             self.load_rows(
                 gmem_copy_async, thr_copy.partition_S(gX),
-                thr_copy.partition_D(sX[None, None, stage]), coords_q, rows_left,
+                thr_copy.partition_D(sX[None, None, stage]), cute.make_identity_tensor(tile),
+                rows_left,
             )
         vectors_per_row = self.tile_m // 4
         tidx = cute.arch.thread_idx()[0]
@@ -571,8 +598,9 @@ class FlashBackwardSm80(AttentionKernel):
         coords: cute.Tensor,
         rows_left: Int32,
     ):
-        """cp.async the rows of a tile below ``rows_left``; zero the others (they feed MMAs whose
-        results must stay finite). ``coords``: the tile's identity tensor, partitioned."""
+        """cp.async the rows of a tile below ``rows_left`` (a padded head dim: their input
+        columns); zero the others (they feed MMAs whose results must stay finite). ``coords``:
+        the tile's identity tensor."""
         thr_copy = tiled_copy.get_slice(cute.arch.thread_idx()[0])
         thread_coords = thr_copy.partition_S(coords)
         # Thread 0's rows are compile-time constants: compare them with one per-thread bound.
@@ -580,6 +608,9 @@ class FlashBackwardSm80(AttentionKernel):
         thread_rows_left = rows_left - thread_coords[0][0]
         for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
             if coords_t0[0, m, 0][0] < thread_rows_left:
-                cute.copy(tiled_copy, src[None, m, None], dst[None, m, None])
+                copy_row(
+                    tiled_copy, src[None, m, None], dst[None, m, None],
+                    thread_coords[None, m, None], self.input_dim,
+                )
             else:
                 dst[None, m, None].fill(0)

@@ -4,7 +4,7 @@ kernels are imported lazily."""
 
 from cuteattn.arch import ArchCaps
 from cuteattn.kernels.family import (
-    KernelFamily, family_options, features_well_formed, with_features,
+    KernelFamily, family_options, features_well_formed, kernel_head_dim, with_features,
 )
 from cuteattn.kernels.sm80 import tiling
 from cuteattn.plan import DTYPES, KernelPlan, Problem
@@ -46,7 +46,11 @@ SM80_BACKWARD_TILES = {
 class Sm80Family(KernelFamily):
     name = "sm80"
     head_dims = tiling.SUPPORTED_HEAD_DIMS
+    # Rows are copied in 16-byte chunks: the chunks past the inputs' columns are skipped and
+    # hold zeros in shared memory (kernels/common/columns.py).
+    pads_head_dim = True
     has_backward = True
+    dim_v_pairs = ((192, 128),)
 
     def supports(self, arch: ArchCaps) -> bool:
         return arch.mma_sync and arch.cp_async
@@ -61,11 +65,12 @@ class Sm80Family(KernelFamily):
         return reason
 
     def candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
-        tiles = SM80_TILES.get((problem.head_dim, problem.causal), ())
+        head_dim = kernel_head_dim(self.head_dims, problem.head_dim)
+        tiles = SM80_TILES.get((head_dim, problem.causal), ())
         return tuple(self._plan(problem, *tile, kind="forward") for tile in tiles)
 
     def backward_candidates(self, problem: Problem) -> tuple[KernelPlan, ...]:
-        tiles = SM80_BACKWARD_TILES.get(problem.head_dim, ())
+        tiles = SM80_BACKWARD_TILES.get(kernel_head_dim(self.head_dims, problem.head_dim), ())
         return tuple(self._plan(problem, *tile, kind="backward") for tile in tiles)
 
     def _plan(
@@ -74,11 +79,14 @@ class Sm80Family(KernelFamily):
     ):
         # The backward's one switch: dq added in key-tile order (bitwise reproducible).
         options = (("deterministic", problem.deterministic),) if kind == "backward" else ()
+        head_dim = kernel_head_dim(self.head_dims, problem.head_dim)
+        if head_dim != problem.head_dim:
+            options += (("dim", problem.head_dim),)
         return KernelPlan(
             family=self.name,
             arch=problem.arch.name,
             dtype=problem.dtype,
-            head_dim=problem.head_dim,
+            head_dim=head_dim,
             causal=problem.causal,
             tile_m=tile_m,
             tile_n=tile_n,
@@ -90,11 +98,14 @@ class Sm80Family(KernelFamily):
 
     def can_implement(self, plan: KernelPlan, arch: ArchCaps) -> bool:
         sizes = (plan.head_dim, plan.tile_m, plan.tile_n, plan.num_threads, arch.smem_per_block)
+        head_dim_v = plan.option("dim_v")
         if plan.kind == "forward":
             # One stage of K and V in shared memory.
-            fits = plan.num_stages == 1 and tiling.can_implement(*sizes)
+            fits = plan.num_stages == 1 and tiling.can_implement(*sizes, head_dim_v=head_dim_v)
         else:
-            fits = tiling.can_implement_backward(*sizes, num_stages=plan.num_stages)
+            fits = tiling.can_implement_backward(
+                *sizes, num_stages=plan.num_stages, head_dim_v=head_dim_v
+            )
         return (
             plan.family == self.name
             and plan.arch == arch.name
@@ -118,6 +129,8 @@ class Sm80Family(KernelFamily):
             softcap=plan.option("softcap", 0.0),
             window=plan.option("window"),
             varlen=plan.option("varlen", False),
+            input_dim=plan.option("dim"),
+            head_dim_v=plan.option("dim_v"),
         )
         if plan.kind == "forward":
             from cuteattn.kernels.sm80.forward import FlashForwardSm80

@@ -19,7 +19,8 @@ scheduler (longest query tiles first when causal). Algorithm:
 A query tile that sees no key (causal with seqlen_q > seqlen_k) skips step 2 and writes O = 0,
 LSE = -inf.
 
-Constraints: fp16/bf16; head_dim a multiple of 32 (64, 96, 128, 192, 256), dim_v == dim;
+Constraints: fp16/bf16; head_dim a multiple of 32 (64, 96, 128, 192, 256), dim_v == dim or
+a pair of ``Sm80Family.dim_v_pairs`` (V's and O's tiles then have dim_v columns);
 tile_n a multiple of 16; shared memory of Q + K + V tiles within the arch's capacity.
 
 Compile and run: ``cuteattn.flash_attn_func`` plans, compiles (once per plan) and launches it;
@@ -37,6 +38,7 @@ from cutlass.cute.nvgpu import warp
 
 from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common.block_info import BlockInfo
+from cuteattn.kernels.common.columns import copy_row, zero_columns_past
 from cuteattn.kernels.common.compile_args import check_operand_dtypes
 from cuteattn.kernels.common.epilogue import store_lse, store_o
 from cuteattn.kernels.common.fragments import tile_coords
@@ -129,12 +131,16 @@ class FlashForwardSm80(AttentionKernel):
         tile_atom = smem_tile_atom(self.dtype, self.head_dim)
         sQ_layout = cute.tile_to_shape(tile_atom, (self.tile_m, self.head_dim), (0, 1))
         sKV_layout = cute.tile_to_shape(tile_atom, (self.tile_n, self.head_dim), (0, 1))
+        # V and O: head_dim_v columns (the same swizzle-atom width: tiling.same_row_copies).
+        tile_atom_v = smem_tile_atom(self.dtype, self.head_dim_v)
+        sV_layout = cute.tile_to_shape(tile_atom_v, (self.tile_n, self.head_dim_v), (0, 1))
+        sO_layout = cute.tile_to_shape(tile_atom_v, (self.tile_m, self.head_dim_v), (0, 1))
 
         @cute.struct
         class SharedStorage:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
 
         gmem_copy_async, gmem_copy_store = gmem_row_copies(self.dtype, tile_atom, self.num_threads)
 
@@ -172,6 +178,8 @@ class FlashForwardSm80(AttentionKernel):
             tile_counts,
             sQ_layout,
             sKV_layout,
+            sV_layout,
+            sO_layout,
             gmem_copy_async,
             gmem_copy_store,
             tiled_mma,
@@ -200,6 +208,8 @@ class FlashForwardSm80(AttentionKernel):
         tile_counts: TileCounts,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
         gmem_copy_async: cute.TiledCopy,
         gmem_copy_store: cute.TiledCopy,
         tiled_mma: cute.TiledMma,
@@ -208,6 +218,8 @@ class FlashForwardSm80(AttentionKernel):
         tidx, _, _ = cute.arch.thread_idx()
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
+        tile_v = (self.tile_n, self.head_dim_v)
+        tile_o = (self.tile_m, self.head_dim_v)
         block_info = BlockInfo(
             tile_m=self.tile_m, tile_n=self.tile_n, causal=self.causal, window=self.window
         )
@@ -216,10 +228,10 @@ class FlashForwardSm80(AttentionKernel):
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sKV_layout)
-        sV = storage.sV.get_tensor(sKV_layout)
+        sV = storage.sV.get_tensor(sV_layout)
         # V^T view (dim, tile_n): the B operand of O += P V.
         sVt = cute.composition(
-            sV, cute.make_layout((self.head_dim, self.tile_n), stride=(self.tile_n, 1))
+            sV, cute.make_layout((self.head_dim_v, self.tile_n), stride=(self.tile_n, 1))
         )
         thr_mma = tiled_mma.get_slice(tidx)
         rQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
@@ -279,7 +291,7 @@ class FlashForwardSm80(AttentionKernel):
             seqlen.rows(mK, batch, head_kv, keys=True, packed=self.varlen), tile_kv, (None, 0)
         )
         gV = cute.local_tile(
-            seqlen.rows(mV, batch, head_kv, keys=True, packed=self.varlen), tile_kv, (None, 0)
+            seqlen.rows(mV, batch, head_kv, keys=True, packed=self.varlen), tile_v, (None, 0)
         )
         tQgQ = gmem_thr_copy.partition_S(gQ)
         kv = KVCopies(
@@ -291,7 +303,7 @@ class FlashForwardSm80(AttentionKernel):
             coords=gmem_thr_copy.partition_S(coords_kv),
             coords_t0=gmem_copy_async.get_slice(0).partition_S(coords_kv),
         )
-        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_q), Float32)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(tile_o), Float32)
         acc_O.fill(0.0)
         rows_per_thread = cute.size(acc_O, mode=[0, 1]) * cute.size(acc_O, mode=[1])
         query = QueryTile(
@@ -306,12 +318,21 @@ class FlashForwardSm80(AttentionKernel):
             n_block_min=n_block_min,
         )
 
+        if cutlass.const_expr(self.input_dim is not None):
+            # A padded head dim: the columns no load writes hold zeros from here on.
+            zero_columns_past(tQsQ, tQcQ, self.input_dim)
+            for smem in (kv.sK, kv.sV):
+                zero_columns_past(smem, kv.coords, self.input_dim)
+
         # ---- Prologue: Q and the last visible K tile ---------------------------------------------
         q_rows_left = seqlen.seqlen_q - m_block * self.tile_m
         thread_q_rows_left = q_rows_left - tQcQ[0][0]
         for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
             if t0QcQ[0, m, 0][0] < thread_q_rows_left:
-                cute.copy(gmem_copy_async, tQgQ[None, m, None], tQsQ[None, m, None])
+                copy_row(
+                    gmem_copy_async, tQgQ[None, m, None], tQsQ[None, m, None],
+                    tQcQ[None, m, None], self.input_dim,
+                )
         if n_block_max > n_block_min:
             self.load_kv_tile(
                 kv.gK, kv.sK, n_block_max - 1, kv=kv, seqlen_k=seqlen.seqlen_k,
@@ -380,17 +401,21 @@ class FlashForwardSm80(AttentionKernel):
         # key never waited for it) and every warp must be done reading Q and V.
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
+        sO = sQ
+        if cutlass.const_expr(self.head_dim_v != self.head_dim):
+            sO = storage.sQ.get_tensor(sO_layout)  # O (dim_v columns) in Q's buffer
         store_o(
             acc_O,
-            sQ,
+            sO,
             cute.local_tile(
-                seqlen.rows(mO, batch, head, keys=False, packed=self.varlen), tile_q, (m_block, 0)
+                seqlen.rows(mO, batch, head, keys=False, packed=self.varlen), tile_o, (m_block, 0)
             ),
             q_rows_left,
             tiled_mma=tiled_mma,
             gmem_tiled_copy=gmem_copy_store,
             tidx=tidx,
             sync=cute.arch.barrier,
+            columns=self.input_dim,
         )
 
     @cute.jit
@@ -458,13 +483,22 @@ class FlashForwardSm80(AttentionKernel):
     ):
         """cp.async one K or V tile (kv.gK / kv.sK or kv.gV / kv.sV); rows past seqlen_k are
         skipped (zeroed for V, since P = 0 times an uninitialised NaN would still be NaN)."""
-        if cutlass.const_expr(not check_rows):
+        if cutlass.const_expr(not check_rows and self.input_dim is None):
             cute.copy(kv.tiled_copy, tXgX[None, None, None, n_block], tXsX)
+        elif cutlass.const_expr(not check_rows):
+            for n in cutlass.range_constexpr(cute.size(tXsX, mode=[1])):
+                copy_row(
+                    kv.tiled_copy, tXgX[None, n, None, n_block], tXsX[None, n, None],
+                    kv.coords[None, n, None], self.input_dim,
+                )
         else:
             rows_left = seqlen_k - n_block * self.tile_n - kv.coords[0][0]
             for n in cutlass.range_constexpr(cute.size(tXsX, mode=[1])):
                 if kv.coords_t0[0, n, 0][0] < rows_left:
-                    cute.copy(kv.tiled_copy, tXgX[None, n, None, n_block], tXsX[None, n, None])
+                    copy_row(
+                        kv.tiled_copy, tXgX[None, n, None, n_block], tXsX[None, n, None],
+                        kv.coords[None, n, None], self.input_dim,
+                    )
                 else:
                     if cutlass.const_expr(zero_fill):
                         tXsX[None, n, None].fill(0)

@@ -6,9 +6,21 @@ ELEM_BYTES = 2  # fp16 / bf16
 COPY_ELEMS = 8  # one 16-byte cp.async / store per thread per access
 
 
-def smem_bytes(head_dim: int, tile_m: int, tile_n: int) -> int:
-    """Q tile + one K tile + one V tile (O reuses the Q buffer)."""
-    return (tile_m + 2 * tile_n) * head_dim * ELEM_BYTES
+def smem_bytes(head_dim: int, tile_m: int, tile_n: int, head_dim_v: int | None = None) -> int:
+    """Q tile + one K tile + one V tile (O reuses the Q buffer; V and O have ``head_dim_v``
+    columns, default head_dim)."""
+    head_dim_v = head_dim_v or head_dim
+    return (tile_m * head_dim + tile_n * (head_dim + head_dim_v)) * ELEM_BYTES
+
+
+def same_row_copies(head_dim: int, head_dim_v: int | None) -> bool:
+    """Whether tiles of head_dim and head_dim_v columns share one copy layout (their
+    swizzle-atom rows are equally wide) and V's / O's tiles fit Q's buffer (O reuses it)."""
+    if head_dim_v is None:
+        return True
+    return head_dim_v <= head_dim and (head_dim % 64 == 0) == (head_dim_v % 64 == 0) and (
+        head_dim_v % 32 == 0
+    )
 
 
 def rows_per_copy_pass(head_dim: int, num_threads: int) -> int:
@@ -18,12 +30,14 @@ def rows_per_copy_pass(head_dim: int, num_threads: int) -> int:
 
 
 def can_implement(
-    head_dim: int, tile_m: int, tile_n: int, num_threads: int, smem_capacity: int
+    head_dim: int, tile_m: int, tile_n: int, num_threads: int, smem_capacity: int,
+    head_dim_v: int | None = None,
 ) -> bool:
     num_warps = num_threads // 32
     rows_per_pass = rows_per_copy_pass(head_dim, num_threads)
     return (
         head_dim in SUPPORTED_HEAD_DIMS
+        and same_row_copies(head_dim, head_dim_v)
         and num_threads % 32 == 0
         and num_warps >= 1
         # Warps stack along M, 16 rows each per MMA; P feeds PV in k16 slices of the key tile.
@@ -32,7 +46,7 @@ def can_implement(
         # Copies move whole passes, so every tile is a whole number of them.
         and tile_m % rows_per_pass == 0
         and tile_n % rows_per_pass == 0
-        and smem_bytes(head_dim, tile_m, tile_n) <= smem_capacity
+        and smem_bytes(head_dim, tile_m, tile_n, head_dim_v) <= smem_capacity
     )
 
 
@@ -56,12 +70,16 @@ def backward_warp_layouts(num_warps: int, head_dim: int):
     return sdp, dkv, dq
 
 
-def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, num_stages: int = 1) -> int:
+def backward_smem_bytes(
+    head_dim: int, tile_m: int, tile_n: int, num_stages: int = 1, head_dim_v: int | None = None
+) -> int:
     """Q and dO tiles (num_stages each), K and V tiles, P and dS (tile_m x tile_n each), and
-    each stage's fp32 lse and dpsum."""
-    query = 2 * num_stages * tile_m * head_dim
+    each stage's fp32 lse and dpsum; dO and V have ``head_dim_v`` columns (default head_dim)."""
+    head_dim_v = head_dim_v or head_dim
+    query = num_stages * tile_m * (head_dim + head_dim_v)
+    keys = tile_n * (head_dim + head_dim_v)
     rows_fp32 = 2 * num_stages * tile_m * 4
-    return (query + 2 * tile_n * head_dim + 2 * tile_m * tile_n) * ELEM_BYTES + rows_fp32
+    return (query + keys + 2 * tile_m * tile_n) * ELEM_BYTES + rows_fp32
 
 
 def stages_dq(head_dim: int, tile_n: int) -> bool:
@@ -72,7 +90,7 @@ def stages_dq(head_dim: int, tile_n: int) -> bool:
 
 def can_implement_backward(
     head_dim: int, tile_m: int, tile_n: int, num_threads: int, smem_capacity: int,
-    num_stages: int = 1,
+    num_stages: int = 1, head_dim_v: int | None = None,
 ) -> bool:
     num_warps = num_threads // 32
     if num_threads % 32 or num_warps not in BACKWARD_WARP_LAYOUTS:
@@ -81,6 +99,8 @@ def can_implement_backward(
     rows_per_pass = rows_per_copy_pass(head_dim, num_threads)
     return (
         head_dim in SUPPORTED_HEAD_DIMS
+        and same_row_copies(head_dim, head_dim_v)
+        and (head_dim_v or head_dim) % (16 * dkv[1]) == 0
         and tile_m % (16 * sdp[0]) == 0
         and tile_n % (16 * sdp[1]) == 0
         and tile_n % (16 * dkv[0]) == 0
@@ -100,5 +120,6 @@ def can_implement_backward(
             or (tile_m * tile_n * ELEM_BYTES % 1024 == 0 and tile_m * head_dim % num_threads == 0)
         )
         and num_stages in (1, 2)
-        and backward_smem_bytes(head_dim, tile_m, tile_n, num_stages) <= smem_capacity
+        and backward_smem_bytes(head_dim, tile_m, tile_n, num_stages, head_dim_v)
+        <= smem_capacity
     )

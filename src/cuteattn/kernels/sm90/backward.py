@@ -43,6 +43,7 @@ tile_m 64, tile_n 128 (two consumer warpgroups), Q / dO stages 2.
 """
 
 import enum
+import functools
 
 import cutlass
 import cutlass.cute as cute
@@ -58,9 +59,11 @@ from cuteattn.kernels.common import turns
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
+from cuteattn.kernels.common.epilogue import store_o
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
 from cuteattn.kernels.sm90.family import backward_dq_chunks
 from cuteattn.kernels.sm90.forward import _permuted, _smem_layout, _transposed
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
@@ -82,8 +85,11 @@ class BackwardBarrier(enum.IntEnum):
     # warpgroup has written it (128 + 32 threads).
     DQ_EMPTY = 3
     DQ_FULL = 5
-    # Consumers (256 threads): done with K and V, then dK and dV are in their buffers.
+    # Consumers (256 threads): done with K and V, then dK and dV are in their buffers (and,
+    # varlen, K's and V's rows past the sequence's keys are zeroed).
     EPILOGUE = 9
+    # Varlen: a consumer warpgroup has zeroed a Q / dO stage's rows past the sequence (+wg).
+    ZEROED = 10
     # The wide variant's single P / dS buffers are free again (backward_wide.py).
     PDS_FREE = 7
 
@@ -108,6 +114,11 @@ class FlashBackwardSm90(AttentionKernel):
         self.dq_chunk_cols = self.head_dim // chunks
         self.dq_row = self.dq_chunk_cols + row_pad
         self.dq_passes = 1  # dQ GEMMs (and buffer hand-overs) per warpgroup and step
+        # The consumers' barrier around the dK / dV tiles in shared memory.
+        self.epilogue_sync = functools.partial(
+            cute.arch.barrier, barrier_id=int(BackwardBarrier.EPILOGUE),
+            number_of_threads=self.num_consumer_threads,
+        )
 
     def dq_chunk(self, wg: int, dq_pass: int) -> int:
         """The dq_accum chunk that warpgroup ``wg``'s pass ``dq_pass`` adds to."""
@@ -168,10 +179,10 @@ class FlashBackwardSm90(AttentionKernel):
         mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mdV: cute.Tensor,
         mSemaphore: cute.Tensor | None,  # deterministic: (batch, heads_q, m_blocks) int32, zeroed
-        mCuSeqlensQ: cute.Tensor | None,  # varlen: not in this family yet (always None)
+        mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 row offsets, else None
         mCuSeqlensK: cute.Tensor | None,
-        mSequsedK: cute.Tensor | None,
-        max_seqlen_k: Int32,
+        mSequsedK: cute.Tensor | None,  # varlen: keys used (the planner leaves it to sm80)
+        max_seqlen_k: Int32,  # varlen: the longest key sequence (the grid), else unused
         softmax_scale: Float32,
         stream,
     ):
@@ -180,6 +191,10 @@ class FlashBackwardSm90(AttentionKernel):
         num_batches, num_heads_kv, num_key_tiles = (
             mK.shape[0], mK.shape[2], cute.ceil_div(mK.shape[1], self.tile_n)
         )
+        if cutlass.const_expr(self.varlen):
+            # Packed (1, total, heads, dim): a CTA per key tile of the longest sequence.
+            num_batches = mCuSeqlensQ.shape[0] - 1
+            num_key_tiles = cute.ceil_div(max_seqlen_k, self.tile_n)
         # TMA boxes tile the first two modes: (seqlen, dim, heads, batch).
         tQ, tK, tV, tdO, tdK, tdV = (
             _permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)
@@ -187,6 +202,9 @@ class FlashBackwardSm90(AttentionKernel):
 
         sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
         sKV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
+        # dO and V: dim_v columns (the same layouts where dim_v == dim).
+        sdO_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim_v, self.num_stages)
+        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim_v)
         sK_layout = self.k_smem_layout()
         sPdS_layout = self.pds_layout()
         # lse and dpsum of a step's queries, one per Q / dO stage.
@@ -204,9 +222,9 @@ class FlashBackwardSm90(AttentionKernel):
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sPdS: cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024
             ]
@@ -221,17 +239,18 @@ class FlashBackwardSm90(AttentionKernel):
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         q_stage_layout = cute.select(sQ_layout, mode=[0, 1])
+        do_stage_layout = cute.select(sdO_layout, mode=[0, 1])
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
             tma_load, tQ, q_stage_layout, (self.tile_m, self.head_dim), 1
         )
         tma_atom_do, tma_do = cpasync.make_tiled_tma_atom(
-            tma_load, tdO, q_stage_layout, (self.tile_m, self.head_dim), 1
+            tma_load, tdO, do_stage_layout, (self.tile_m, self.head_dim_v), 1
         )
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(
             tma_load, tK, sK_layout, (self.tile_n, self.head_dim)
         )
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(
-            tma_load, tV, sKV_layout, (self.tile_n, self.head_dim)
+            tma_load, tV, sV_layout, (self.tile_n, self.head_dim_v)
         )
         # dK and dV leave through K's and V's buffers (TMA clips rows past seqlen_k).
         tma_store = cpasync.CopyBulkTensorTileS2GOp()
@@ -239,22 +258,27 @@ class FlashBackwardSm90(AttentionKernel):
             tma_store, tdK, sK_layout, (self.tile_n, self.head_dim)
         )
         tma_atom_dv, tma_dv = cpasync.make_tiled_tma_atom(
-            tma_store, tdV, sKV_layout, (self.tile_n, self.head_dim)
+            tma_store, tdV, sV_layout, (self.tile_n, self.head_dim_v)
         )
-        # Q with its lse, dO with its dpsum.
+        # Q with its lse, dO with its dpsum; K and V on one barrier.
         q_tile_bytes = cute.size_in_bytes(self.dtype, q_stage_layout) + self.tile_m * 4
-        kv_tile_bytes = cute.size_in_bytes(self.dtype, sKV_layout)
+        do_tile_bytes = cute.size_in_bytes(self.dtype, do_stage_layout) + self.tile_m * 4
+        kv_tile_bytes = cute.size_in_bytes(self.dtype, sKV_layout) + cute.size_in_bytes(
+            self.dtype, sV_layout
+        )
 
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.make_tiled_mmas()
 
         self.kernel(
             mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
+            mCuSeqlensQ, mCuSeqlensK, mSequsedK,
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
             capping.exp2_scale(softmax_scale, self.softcap), softmax_scale,
             sQ_layout, sK_layout, sKV_layout, sPdS_layout, sdQ_layout, sRow_layout,
+            sdO_layout, sV_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-            q_tile_bytes, kv_tile_bytes, SharedStorage,
+            q_tile_bytes, do_tile_bytes, kv_tile_bytes, SharedStorage,
         ).launch(
             grid=(num_key_tiles, num_heads_kv, num_batches),
             block=[self.num_threads, 1, 1],
@@ -275,6 +299,9 @@ class FlashBackwardSm90(AttentionKernel):
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mSemaphore: cute.Tensor | None,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
+        mSequsedK: cute.Tensor | None,
         tQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch)
         tK: cute.Tensor,
         tV: cute.Tensor,
@@ -295,10 +322,13 @@ class FlashBackwardSm90(AttentionKernel):
         sPdS_layout: cute.ComposedLayout,
         sdQ_layout: cute.Layout,
         sRow_layout: cute.Layout,
+        sdO_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
         tiled_mma_sdp: cute.TiledMma,
         tiled_mma_dkv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
         q_tile_bytes: cutlass.Constexpr[int],
+        do_tile_bytes: cutlass.Constexpr[int],
         kv_tile_bytes: cutlass.Constexpr[int],
         SharedStorage: cutlass.Constexpr,
     ):
@@ -315,24 +345,29 @@ class FlashBackwardSm90(AttentionKernel):
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        pipeline_kv = self.tma_pipeline(storage.mbar_kv.data_ptr(), 1, 2 * kv_tile_bytes)
+        pipeline_kv = self.tma_pipeline(storage.mbar_kv.data_ptr(), 1, kv_tile_bytes)
         pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), self.num_stages, q_tile_bytes)
         pipeline_do = self.tma_pipeline(
-            storage.mbar_do.data_ptr(), self.num_stages, q_tile_bytes
+            storage.mbar_do.data_ptr(), self.num_stages, do_tile_bytes
         )
         pipeline.pipeline_init_arrive()
         pipeline.pipeline_init_wait()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sPdS = storage.sPdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout)
         sLSE = storage.sLSE.get_tensor(sRow_layout)
         sDpsum = storage.sDpsum.get_tensor(sRow_layout)
 
-        seqlen = SeqlenInfo.fixed(mQ, mK)
+        if cutlass.const_expr(self.varlen):
+            seqlen = SeqlenInfo.varlen(
+                mCuSeqlensQ, mCuSeqlensK, mSequsedK, batch, rows_tile=self.tile_m
+            )
+        else:
+            seqlen = SeqlenInfo.fixed(mQ, mK)
         group = mQ.shape[2] // mK.shape[2]
         block_info = self.block_info()
         m_block_min = block_info.m_block_min(seqlen, n_block)
@@ -340,6 +375,11 @@ class FlashBackwardSm90(AttentionKernel):
         if cutlass.const_expr(self.window is not None):
             m_block_max = block_info.m_block_max(seqlen, n_block)
         num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
+        if cutlass.const_expr(self.varlen):
+            # A key tile past its sequence's keys (the grid covers the longest sequence)
+            # visits no query tile (deterministic: the turns count this sequence's tiles).
+            if n_block * self.tile_n >= seqlen.seqlen_k:
+                num_m_blocks = Int32(0)
         steps = dict(
             head_kv=head_kv, group=group, m_block_min=m_block_min, num_m_blocks=num_m_blocks
         )
@@ -350,7 +390,7 @@ class FlashBackwardSm90(AttentionKernel):
                 self.produce(
                     tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q,
                     tma_atom_k, tma_atom_v, tma_atom_do, pipeline_kv, pipeline_q, pipeline_do,
-                    n_block, batch, steps,
+                    n_block, batch, steps, seqlen,
                 )
             elif warp_idx == DQ_WRITER_WARP:
                 self.add_dq(
@@ -375,37 +415,46 @@ class FlashBackwardSm90(AttentionKernel):
 
     # ---- Producer: TMA loads ------------------------------------------------------------------
 
+    def tma_rows(self, tensor, head, batch, seqlen: SeqlenInfo, *, keys: bool):
+        """The (seqlen, dim) TMA view of one head: of its batch, or varlen, of its sequence
+        (a TMA box takes any first row; rows past the sequence are the next one's, masked or
+        multiplied by P = 0, and TMA zero-fills past the packed tensor)."""
+        if cutlass.const_expr(not self.varlen):
+            return tensor[None, None, head, batch]
+        offset = seqlen.offset_k if keys else seqlen.offset_q
+        return cute.domain_offset((offset, 0), tensor[None, None, head, 0])
+
     @cute.jit
     def produce(
         self, tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q,
         tma_atom_k, tma_atom_v, tma_atom_do, pipeline_kv, pipeline_q, pipeline_do,
-        n_block: Int32, batch: Int32, steps: dict,
+        n_block: Int32, batch: Int32, steps: dict, seqlen: SeqlenInfo,
     ):
         """K and V of this key tile once, then Q (+ lse) and dO (+ dpsum) of each step in the
         consumers' order."""
-        tile_kv = (self.tile_n, self.head_dim)
-        tile_q = (self.tile_m, self.head_dim)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        gK = cute.local_tile(tK[None, None, steps["head_kv"], batch], tile_kv, (n_block, 0))
-        gV = cute.local_tile(tV[None, None, steps["head_kv"], batch], tile_kv, (n_block, 0))
-        pipeline_kv.producer_acquire(kv_state)
-        for atom, smem, gmem in ((tma_atom_k, sK, gK), (tma_atom_v, sV, gV)):
-            kv_smem, kv_gmem = cpasync.tma_partition(
-                atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
-                cute.group_modes(gmem, 0, 2),
-            )
-            cute.copy(
-                atom, kv_gmem, kv_smem, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state)
-            )
+        keys = dict(
+            tK=tK, tV=tV, sK=sK, sV=sV, tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v,
+            pipeline_kv=pipeline_kv, n_block=n_block, batch=batch, head_kv=steps["head_kv"],
+            seqlen=seqlen,
+        )
+        if cutlass.const_expr(not self.varlen):
+            self.load_key_tile(**keys)
+        else:
+            # A key tile past its sequence's keys visits no query tile: nothing to load.
+            if n_block * self.tile_n < seqlen.seqlen_k:
+                self.load_key_tile(**keys)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
-            for atom, smem, tensor, ring, mRow, sRow in (
-                (tma_atom_q, sQ, tQ, pipeline_q, mLSE, sLSE),
-                (tma_atom_do, sdO, tdO, pipeline_do, mDpsum, sDpsum),
+            for atom, smem, tensor, ring, mRow, sRow, columns in (
+                (tma_atom_q, sQ, tQ, pipeline_q, mLSE, sLSE, self.head_dim),
+                (tma_atom_do, sdO, tdO, pipeline_do, mDpsum, sDpsum, self.head_dim_v),
             ):
-                gX = cute.local_tile(tensor[None, None, head, batch], tile_q, (m_block, 0))
+                gX = cute.local_tile(
+                    self.tma_rows(tensor, head, batch, seqlen, keys=False),
+                    (self.tile_m, columns), (m_block, 0),
+                )
                 t_smem, t_gmem = cpasync.tma_partition(
                     atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
                     cute.group_modes(gX, 0, 2),
@@ -416,13 +465,53 @@ class FlashBackwardSm90(AttentionKernel):
                     tma_bar_ptr=ring.producer_get_barrier(state),
                 )
                 # The per-row values live in buffers padded to whole query tiles.
-                gRow = cute.local_tile(mRow[batch, head, None], (self.tile_m,), (m_block,))
+                rows = seqlen.buffer_rows(
+                    mRow, batch, head, packed=self.varlen, rows_tile=self.tile_m
+                )
+                gRow = cute.local_tile(rows, (self.tile_m,), (m_block,))
                 with cute.arch.elect_one():
                     prims.cp_async_bulk_shared_cluster_global(
                         sRow[None, state.index].iterator, gRow.iterator,
                         ring.producer_get_barrier(state), self.tile_m * 4,
                     )
             state.advance()
+
+    @cute.jit
+    def load_key_tile(
+        self, *, tK, tV, sK, sV, tma_atom_k, tma_atom_v, pipeline_kv, n_block: Int32,
+        batch: Int32, head_kv, seqlen: SeqlenInfo,
+    ):
+        """TMA K and V of this CTA's key tile onto the one-shot K / V barrier."""
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        gK = cute.local_tile(
+            self.tma_rows(tK, head_kv, batch, seqlen, keys=True),
+            (self.tile_n, self.head_dim), (n_block, 0),
+        )
+        gV = cute.local_tile(
+            self.tma_rows(tV, head_kv, batch, seqlen, keys=True),
+            (self.tile_n, self.head_dim_v), (n_block, 0),
+        )
+        pipeline_kv.producer_acquire(kv_state)
+        for atom, smem, gmem in ((tma_atom_k, sK, gK), (tma_atom_v, sV, gV)):
+            kv_smem, kv_gmem = cpasync.tma_partition(
+                atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                cute.group_modes(gmem, 0, 2),
+            )
+            cute.copy(
+                atom, kv_gmem, kv_smem, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state)
+            )
+
+    @cute.jit
+    def wait_for_key_tile(self, pipeline_kv, sK, sV, seqlen: SeqlenInfo, n_block: Int32, tidx):
+        """The consumers' wait for K and V (varlen: only where the producer loaded them, and
+        then with the rows past the sequence's keys zeroed)."""
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        if cutlass.const_expr(not self.varlen):
+            pipeline_kv.consumer_wait(kv_state)
+        else:
+            if n_block * self.tile_n < seqlen.seqlen_k:
+                pipeline_kv.consumer_wait(kv_state)
+                self.zero_keys_past_sequence(sK, sV, seqlen, n_block, tidx)
 
     # ---- dQ writer: bulk reductions from shared memory ----------------------------------------
 
@@ -461,9 +550,11 @@ class FlashBackwardSm90(AttentionKernel):
                     cute.arch.sync_warp()
                 for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
                     chunk = self.dq_chunk(wg, dq_pass)
-                    gdQ = cute.local_tile(
-                        mdQaccum[batch, head, chunk, None, None], block, (m_block, 0)
+                    rows = seqlen.buffer_rows(
+                        mdQaccum[None, None, chunk, None, None], batch, head,
+                        packed=self.varlen, rows_tile=self.tile_m,
                     )
+                    gdQ = cute.local_tile(rows, block, (m_block, 0))
                     cute.arch.barrier(
                         barrier_id=BackwardBarrier.DQ_FULL + wg,
                         number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
@@ -553,8 +644,7 @@ class FlashBackwardSm90(AttentionKernel):
         # Keys past seqlen_k exist only in the last key tile.
         tile_past_seqlen_k = (n_block + 1) * self.tile_n > seqlen.seqlen_k
 
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        pipeline_kv.consumer_wait(kv_state)
+        self.wait_for_key_tile(pipeline_kv, sK, sV, seqlen, n_block, tidx)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
@@ -564,6 +654,10 @@ class FlashBackwardSm90(AttentionKernel):
             # 1. S^T = K Q^T, dP^T = V dO^T; per-query lse of this thread's columns read while
             # they run.
             pipeline_q.consumer_wait(state, pipeline_q.consumer_try_wait(state))
+            if cutlass.const_expr(self.varlen):
+                self.zero_queries_past_sequence(
+                    sQ, sdO, pipeline_do, state, seqlen, m_block
+                )
             acc_St = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
             gemm(tiled_mma_sdp, acc_St, tSrK, tSrQ[None, None, None, state.index],
                  zero_init=True, wait_groups=-1)
@@ -645,7 +739,14 @@ class FlashBackwardSm90(AttentionKernel):
         # ---- Epilogue: dK, dV through K's and V's buffers, one TMA store each --------------------
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * softmax_scale
-        self.store_dkv(acc_dK, acc_dV, sK, sV, tiled_mma_dkv, dkv_out, n_block, batch, steps)
+        if cutlass.const_expr(self.varlen):
+            self.store_dkv_rows(
+                acc_dK, acc_dV, sK, sV, tiled_mma_dkv, mdK, mdV, n_block, batch, steps, seqlen
+            )
+        else:
+            self.store_dkv(
+                acc_dK, acc_dV, sK, sV, tiled_mma_dkv, dkv_out, n_block, batch, steps
+            )
 
     @cute.jit
     def store_dkv(
@@ -691,6 +792,78 @@ class FlashBackwardSm90(AttentionKernel):
                 cute.copy(atom, t_smem, t_gmem)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def store_dkv_rows(
+        self, acc_dK, acc_dV, sK, sV, tiled_mma_dkv, mdK, mdV, n_block: Int32, batch: Int32,
+        steps: dict, seqlen: SeqlenInfo,
+    ):
+        """A packed (varlen) batch's dK, dV: through K's and V's buffers to 128-bit row stores
+        of the sequence's keys only (a TMA box would write the next sequence's rows)."""
+        tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+        # Every consumer is past its last GEMM that reads K or V (the producer loaded them once).
+        self.epilogue_sync()
+        _, row_store = gmem_row_copies(
+            self.dtype, smem_tile_atom(self.dtype, self.head_dim), self.num_consumer_threads
+        )
+        stmatrix = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+        )
+        keys_left = seqlen.seqlen_k - n_block * self.tile_n
+        columns = None
+        if cutlass.const_expr(mdK.shape[3] != self.head_dim):
+            columns = mdK.shape[3]  # a padded head dim: the inputs' columns only
+        for acc, smem, mgrad in ((acc_dK, sK, mdK), (acc_dV, sV, mdV)):
+            rows = seqlen.rows(mgrad, batch, steps["head_kv"], keys=True, packed=True)
+            store_o(
+                acc, smem, cute.local_tile(rows, (self.tile_n, self.head_dim), (n_block, 0)),
+                keys_left, tiled_mma=tiled_mma_dkv, gmem_tiled_copy=row_store, tidx=tidx,
+                sync=self.epilogue_sync, smem_copy_atom=stmatrix, columns=columns,
+            )
+
+    @cute.jit
+    def zero_rows_past(
+        self, tile: cute.Tensor, rows_left: Int32, tidx: Int32, threads: int, barrier_id
+    ):
+        """Zero a (rows, cols) shared tile's rows at and past ``rows_left`` (varlen: what TMA
+        loaded past the sequence, the next one's rows or whatever lies past the packed
+        tensor; P = 0 or dS = 0 times a NaN there would still be NaN), then make the zeros
+        visible to WGMMA and wait for the ``threads`` that wrote them."""
+        rows, cols = cute.size(tile, mode=[0]), cute.size(tile, mode=[1])
+        first = cutlass.max(rows_left, 0)
+        if first < rows:
+            for i in cutlass.range(tidx, (rows - first) * cols, threads, unroll=1):
+                tile[first + i // cols, i % cols] = self.dtype(0)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+
+    @cute.jit
+    def zero_keys_past_sequence(self, sK, sV, seqlen: SeqlenInfo, n_block: Int32, tidx: Int32):
+        """K's and V's rows past the sequence's keys, by all consumers (once per CTA)."""
+        keys_left = seqlen.seqlen_k - n_block * self.tile_n
+        for tile in (sK, sV):
+            self.zero_rows_past(
+                tile, keys_left, tidx, self.num_consumer_threads, int(BackwardBarrier.EPILOGUE)
+            )
+
+    @cute.jit
+    def zero_queries_past_sequence(self, sQ, sdO, pipeline_do, state, seqlen: SeqlenInfo, m_block):
+        """A query tile that crosses the sequence's end (Q's stage already waited for): its Q and
+        dO rows past the sequence, once dO has landed too. Every consumer warpgroup writes all
+        of them (the same zeros, a benign race) and waits for its own threads only; the other
+        steps keep waiting for dO after the S GEMM is issued."""
+        rows_left = seqlen.seqlen_q - m_block * self.tile_m
+        if rows_left < self.tile_m:
+            pipeline_do.consumer_wait(state, pipeline_do.consumer_try_wait(state))
+            wg_idx = cute.arch.make_warp_uniform(
+                (cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP) // THREADS_PER_WARPGROUP
+            )
+            wg_tidx = cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP
+            for stages in (sQ, sdO):
+                self.zero_rows_past(
+                    stages[None, None, state.index], rows_left, wg_tidx, THREADS_PER_WARPGROUP,
+                    int(BackwardBarrier.ZEROED) + wg_idx,
+                )
 
     @cute.jit
     def hand_over_dq(self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, wg_idx: Int32):

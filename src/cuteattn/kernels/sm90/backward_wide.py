@@ -129,7 +129,8 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             pds_ready = BackwardBarrier.DS_READY + wg_idx
             pds_free = BackwardBarrier.PDS_FREE + wg_idx
         tile_s = (self.tile_m, self.tile_n)
-        tile_kvt = (self.head_dim, self.tile_n)  # dK^T, dV^T
+        tile_kvt = (self.head_dim, self.tile_n)  # dK^T
+        tile_vt = (self.head_dim_v, self.tile_n)  # dV^T (dim_v rows)
         keys_per_wg = self.tile_n // NUM_CONSUMER_WGS
         sP, sdS = sPdS[None, None, P_BUFFER], sPdS[None, None, DS_BUFFER]
 
@@ -154,7 +155,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         tdQsdQ = thr_dq.partition_C(sdQ[None, (None, wg_idx)])
 
         acc_dKt = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kvt), Float32)
-        acc_dVt = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kvt), Float32)
+        acc_dVt = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_vt), Float32)
         acc_dKt.fill(0.0)
         acc_dVt.fill(0.0)
         s_coords = tile_coords(thr_sdp, tile_s)
@@ -163,14 +164,17 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         # Keys past seqlen_k exist only in the last key tile.
         tile_past_seqlen_k = (n_block + 1) * self.tile_n > seqlen.seqlen_k
 
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        pipeline_kv.consumer_wait(kv_state)
+        self.wait_for_key_tile(pipeline_kv, sK, sV, seqlen, n_block, tidx)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
 
             # 1. S = Q K^T, dP = dO V^T; lse of this thread's rows read while they run.
             pipeline_q.consumer_wait(state, pipeline_q.consumer_try_wait(state))
+            if cutlass.const_expr(self.varlen):
+                self.zero_queries_past_sequence(
+                    sQ, sdO, pipeline_do, state, seqlen, m_block
+                )
             acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_s), Float32)
             gemm(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK,
                  zero_init=True, wait_groups=-1)
@@ -263,11 +267,13 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         # ---- Epilogue: dK, dV from the transposed accumulators, keys past seqlen_k skipped --
         for i in cutlass.range_constexpr(cute.size(acc_dKt)):
             acc_dKt[i] = acc_dKt[i] * softmax_scale
-        kvt_coords = tile_coords(thr_dkv, tile_kvt)
         keys_left = seqlen.seqlen_k - n_block * self.tile_n
-        for acc, mgrad in ((acc_dKt, mdK), (acc_dVt, mdV)):
+        for acc, mgrad, tile_t in ((acc_dKt, mdK, tile_kvt), (acc_dVt, mdV, tile_vt)):
+            columns = tile_t[0]  # the kernel's: head_dim, or dim_v for dV
+            kvt_coords = tile_coords(thr_dkv, tile_t)
             gX = cute.local_tile(
-                mgrad[batch, None, steps["head_kv"], None], (self.tile_n, self.head_dim),
+                seqlen.rows(mgrad, batch, steps["head_kv"], keys=True, packed=self.varlen),
+                (self.tile_n, columns),
                 (n_block, 0),
             )
             values = acc_as_rows_cols(acc)
@@ -275,7 +281,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
                 key = kvt_coords[0, c][1]
                 if key < keys_left:
                     for r in cutlass.range_constexpr(cute.size(values, mode=[0])):
-                        if cutlass.const_expr(mgrad.shape[3] == self.head_dim):
+                        if cutlass.const_expr(mgrad.shape[3] == columns):
                             gX[key, kvt_coords[r, c][0]] = values[r, c].to(self.dtype)
                         elif kvt_coords[r, c][0] < mgrad.shape[3]:
                             # A padded head dim: the kernel's columns past the inputs' stay.

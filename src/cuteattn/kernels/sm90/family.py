@@ -12,6 +12,7 @@ Plan options (compile-time switches, ``KernelPlan.options``):
 """
 
 import math
+import os
 
 
 from cuteattn.arch import ArchCaps
@@ -45,6 +46,28 @@ SM90_TILES = {
     (256, False): ((128, 80, 2, 0), (128, 64, 2, 0)),
     (256, True): ((128, 64, 2, 0), (128, 80, 2, 0)),
 }
+# (head dim, dim_v) pairs: V's smaller tiles leave room for wider key tiles (unmeasured: the
+# d192 tiles follow as the fallback).
+SM90_DIM_V_TILES = {(192, 128): ((128, 128, 2, 0),)}
+
+
+# Soft-capped forwards: every that-many-th softmax exponential on the FMA pipe instead of MUFU,
+# which also runs each score's tanh (``kernels/common/exp2_poly.py``). Measured on the H200
+# (d64 / d128 causal s8k softcap 50, TFLOP/s; docs/PERF.md): every 2nd 319 / 469, every 4th
+# 329 / 520, every 8th 340 / 531, none 331 / 508: a small share helps, a large one starves the
+# FMA pipe. The environment variable overrides it for benchmarks (0: every exponential on MUFU).
+SOFTCAP_EXP2_POLY_EVERY = 8
+EXP2_POLY_ENV = "CUTEATTN_SOFTCAP_EXP2_POLY_EVERY"
+
+
+def softcap_exp2_poly_every() -> int:
+    """SOFTCAP_EXP2_POLY_EVERY, or the environment's value (a non-negative int)."""
+    value = os.environ.get(EXP2_POLY_ENV)
+    if value is None:
+        return SOFTCAP_EXP2_POLY_EVERY
+    if not value.isdigit():
+        raise ValueError(f"{EXP2_POLY_ENV} must be a non-negative integer, got {value!r}")
+    return int(value)
 
 
 # Pack when the packed tiles' rows are at most this fraction as wasted as unpacked ones'.
@@ -115,6 +138,7 @@ class Sm90Family(KernelFamily):
     # costs no change in the kernel.
     pads_head_dim = True
     has_backward = True
+    dim_v_pairs = ((192, 128),)  # forward, and the wide backward (d192 splits the keys)
 
     def supports(self, arch: ArchCaps) -> bool:
         return arch.wgmma and arch.tma
@@ -123,17 +147,19 @@ class Sm90Family(KernelFamily):
         reason = super().reject_reason(problem)
         if reason is None and problem.batch * problem.heads_q * problem.seqlen_q >= 2**31:
             reason = "more than 2^31 query rows in one launch (a 32-bit tile index)"
-        if reason is None and problem.varlen:
-            reason = "varlen batches are not in this family yet"
         return reason
 
     def plan(
         self, arch: ArchCaps, *, dtype, head_dim, causal, tile_m, tile_n, num_stages,
         persistent, pingpong=None, pack_gqa=1, features: tuple = (),
     ) -> KernelPlan:
-        """A forward plan; ``features``: the problem's feature options (``with_features``)."""
+        """A forward plan; ``features``: the problem's feature options (``with_features``).
+        Soft-capped, it also carries ("exp2_poly", every) unless that is 0."""
         if pingpong is None:
             pingpong = default_pingpong(head_dim, tile_m)
+        tuning = ()
+        if dict(features).get("softcap", 0.0) > 0 and softcap_exp2_poly_every() > 0:
+            tuning = (("exp2_poly", softcap_exp2_poly_every()),)
         return KernelPlan(
             family=self.name,
             arch=arch.name,
@@ -148,6 +174,7 @@ class Sm90Family(KernelFamily):
                 ("pack_gqa", pack_gqa),
                 ("persistent", persistent),
                 ("pingpong", pingpong),
+                *tuning,
                 *features,
             ))),
         )
@@ -159,11 +186,15 @@ class Sm90Family(KernelFamily):
         if head_dim != problem.head_dim:
             features = tuple(sorted(features + (("dim", problem.head_dim),)))
         tiles = SM90_TILES.get((head_dim, problem.causal), ())
+        if problem.head_dim_v != problem.head_dim:
+            tiles = SM90_DIM_V_TILES.get((head_dim, problem.head_dim_v), ()) + tiles
         for tile_m, tile_n, num_stages, persistent_up_to in tiles:
             # Persistent first where it pays; single-tile as the fallback when its separate O
-            # buffer does not fit.
-            persistent_first = problem.seqlen_q <= persistent_up_to
-            pack = should_pack_gqa(problem.seqlen_q, problem.heads_q, problem.heads_kv, tile_m)
+            # buffer does not fit. A packed (varlen) batch: single-tile, not packed GQA.
+            persistent_first = problem.seqlen_q <= persistent_up_to and not problem.varlen
+            pack = not problem.varlen and should_pack_gqa(
+                problem.seqlen_q, problem.heads_q, problem.heads_kv, tile_m
+            )
             for persistent in ((True, False) if persistent_first else (False,)):
                 plans.append(
                     self.plan(
@@ -229,7 +260,14 @@ class Sm90Family(KernelFamily):
             and plan.arch == arch.name
             and self.supports(arch)
             and plan.dtype in DTYPES
-            and names == ("pack_gqa", "persistent", "pingpong")
+            and names in (
+                ("pack_gqa", "persistent", "pingpong"),
+                ("exp2_poly", "pack_gqa", "persistent", "pingpong"),
+            )
+            and (plan.option("exp2_poly") is None or (
+                type(plan.option("exp2_poly")) is int and plan.option("exp2_poly") > 0
+                and plan.option("softcap", 0.0) > 0
+            ))
             and features_well_formed(plan)
             and isinstance(plan.option("pack_gqa"), int)
             and 1 <= plan.option("pack_gqa") <= plan.tile_m
@@ -238,6 +276,11 @@ class Sm90Family(KernelFamily):
             and tiling.can_implement(
                 plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
                 separate_o=plan.option("persistent"), smem_capacity=arch.smem_per_block,
+                head_dim_v=plan.option("dim_v"),
+            )
+            and (
+                not plan.option("varlen")
+                or (not plan.option("persistent") and plan.option("pack_gqa") == 1)
             )
         )
 
@@ -258,6 +301,8 @@ class Sm90Family(KernelFamily):
             causal=plan.causal,
             softcap=plan.option("softcap", 0.0),
             window=plan.option("window"),
+            varlen=plan.option("varlen", False),
+            head_dim_v=plan.option("dim_v"),
         )
         if plan.kind == "backward":
             if plan.head_dim in WIDE_BACKWARD_SPLIT_DIM:
@@ -273,6 +318,7 @@ class Sm90Family(KernelFamily):
         return FlashForwardSm90(
             **sizes,
             pingpong=plan.option("pingpong"),
+            exp2_poly_every=plan.option("exp2_poly", 0),
             persistent=plan.option("persistent"),
             pack_gqa=plan.option("pack_gqa"),
             sink=plan.option("sink", False),

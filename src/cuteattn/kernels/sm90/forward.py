@@ -28,7 +28,15 @@ sections of heads, longest query tiles first when causal). Its warpgroups:
 A query tile that sees no key (causal with seqlen_q > seqlen_k) loads nothing and writes
 O = 0, LSE = -inf.
 
-Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256 and dim_v == dim; tile_m = 64 per
+Varlen (packed sequences, (1, total, heads, dim), lse (1, heads, total)): a CTA per query tile
+of the longest sequence and (head, sequence), single-tile and not packed GQA. TMA loads start at
+the sequence's first row (the domain offset of its ``SeqlenInfo``): rows past the sequence's
+keys are masked like any past seqlen_k, rows past its queries are computed and not stored. O
+leaves through shared memory and 128-bit row stores predicated on the sequence's end (a TMA
+box would write into the next sequence); query tiles past it do nothing.
+
+Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256 and dim_v == dim, or (192, 128) (V and
+O then have dim_v columns, O in Q's buffer); tile_m = 64 per
 consumer warpgroup (1..3); tile_n a multiple of 16; Q (+ O), stages of K and V within 227 KB.
 
 Compile and run: ``cuteattn.flash_attn_func`` plans, compiles (once per plan) and launches it;
@@ -36,6 +44,7 @@ tests/cpu/test_compile.py cross-compiles the variants for sm_90a on a CPU.
 Profile with ``ncu --clock-control none python -m cuteattn.bench --dims 128``.
 """
 
+import functools
 from typing import NamedTuple
 
 import cutlass
@@ -50,7 +59,7 @@ from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_operand_dtypes
 from cuteattn.kernels.common.convert import convert_packed
-from cuteattn.kernels.common.epilogue import store_lse
+from cuteattn.kernels.common.epilogue import store_lse, store_o
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
@@ -67,6 +76,7 @@ from cuteattn.kernels.common.tile_scheduler import (
     WorkTile,
     make_linear_tile_counts,
 )
+from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
 from cuteattn.kernels.sm90 import tiling
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
@@ -143,6 +153,7 @@ class Mainloop(NamedTuple):
     pipeline_v: pipeline.PipelineAsync
     wg_idx: Int32
     tanh_scale: Float32
+    sV: cute.Tensor  # V's stages (varlen: the rows past a sequence's keys are zeroed there)
 
 
 class FlashForwardSm90(AttentionKernel):
@@ -154,6 +165,7 @@ class FlashForwardSm90(AttentionKernel):
         persistent: bool = False,
         pack_gqa: int = 1,
         sink: bool = False,
+        exp2_poly_every: int = 0,
         **shape,
     ):
         """pack_gqa: query heads per KV head packed into one tile's rows (1: not packed); the
@@ -161,6 +173,9 @@ class FlashForwardSm90(AttentionKernel):
         sink's logits (``kernels/common/sink.py``). shape: ``AttentionKernel``'s fields."""
         super().__init__(**shape)
         self.sink = sink
+        # Every that-many-th exponential of the softmax on the FMA pipe (soft-capping: the
+        # tanh shares MUFU with exp2; ``kernels/common/exp2_poly.py``), 0 for none.
+        self.exp2_poly_every = exp2_poly_every
         self.num_stages = num_stages
         self.persistent = persistent
         self.pack_gqa = pack_gqa
@@ -177,13 +192,20 @@ class FlashForwardSm90(AttentionKernel):
         self.pingpong = pingpong and self.num_consumer_wgs >= 2
         # Large head dims: rescale O while S = Q K^T is in flight rather than after softmax,
         # which keeps the (large) O rescale off the critical path.
-        self.rescale_o_before_pv = self.head_dim > 128
+        self.rescale_o_before_pv = self.head_dim_v > 128
+        # The consumer threads' barrier around the O tile in shared memory.
+        self.epilogue_sync = functools.partial(
+            cute.arch.barrier, barrier_id=int(NamedBarrier.EPILOGUE),
+            number_of_threads=self.num_consumer_threads,
+        )
 
     @staticmethod
-    def can_implement(head_dim, tile_m, tile_n, num_stages, persistent, smem_capacity) -> bool:
+    def can_implement(
+        head_dim, tile_m, tile_n, num_stages, persistent, smem_capacity, head_dim_v=None
+    ) -> bool:
         return tiling.can_implement(
             head_dim, tile_m, tile_n, num_stages, separate_o=persistent,
-            smem_capacity=smem_capacity,
+            smem_capacity=smem_capacity, head_dim_v=head_dim_v,
         )
 
     @cute.jit
@@ -195,22 +217,35 @@ class FlashForwardSm90(AttentionKernel):
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
         mSink: cute.Tensor | None,  # (heads_q,) fp32 learnable sink logits, or None
-        mCuSeqlensQ: cute.Tensor | None,  # varlen: not in this family yet (always None)
+        mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 row offsets, else None
         mCuSeqlensK: cute.Tensor | None,
-        mSequsedK: cute.Tensor | None,
-        max_seqlen_q: Int32,
+        mSequsedK: cute.Tensor | None,  # varlen: (batch,) int32 keys used, or None
+        max_seqlen_q: Int32,  # varlen: the longest sequence (the grid), else unused
         softmax_scale: Float32,
         max_ctas: Int32,  # CTAs resident at once (the SM count): a persistent kernel's grid
         stream,
     ):
         check_operand_dtypes(mQ, mK, mV, mO)
         packed = self.pack_gqa > 1
-        counts = make_linear_tile_counts(
-            seqlen_q=mQ.shape[1], seqlen_k=mK.shape[1], tile_m=self.tile_positions,
-            num_heads=mK.shape[2] if cutlass.const_expr(packed) else mQ.shape[2],
-            num_batches=mQ.shape[0],
-            kv_bytes_per_key=2 * self.head_dim * self.dtype.width // 8,
-        )
+        if cutlass.const_expr(self.varlen):
+            # Packed sequences, (1, total, heads, dim): a CTA per query tile of the longest.
+            sequences = mCuSeqlensQ.shape[0] - 1
+            counts = make_linear_tile_counts(
+                seqlen_q=max_seqlen_q,
+                seqlen_k=mK.shape[1] // cutlass.max(sequences, 1),  # keys per sequence (L2)
+                tile_m=self.tile_positions, num_heads=mQ.shape[2], num_batches=sequences,
+                kv_bytes_per_key=(self.head_dim + self.head_dim_v) * self.dtype.width // 8,
+            )
+        else:
+            counts = make_linear_tile_counts(
+                seqlen_q=mQ.shape[1], seqlen_k=mK.shape[1], tile_m=self.tile_positions,
+                num_heads=mK.shape[2] if cutlass.const_expr(packed) else mQ.shape[2],
+                num_batches=mQ.shape[0],
+                kv_bytes_per_key=(self.head_dim + self.head_dim_v) * self.dtype.width // 8,
+            )
+        # A packed batch's O leaves through predicated row stores (a TMA box would run into
+        # the next sequence's rows): the kernel keeps the row-major tensor for them.
+        mO_rows = mO if cutlass.const_expr(self.varlen) else None
 
         # TMA boxes tile the leading modes: K, V as (seqlen, dim, heads, batch); Q, O likewise
         # or, packed, as (group, seqlen, dim, heads_kv, batch) with the LSE to match.
@@ -227,8 +262,9 @@ class FlashForwardSm90(AttentionKernel):
 
         sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim)
         sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
-        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
-        o_elems = cute.cosize(sQ_layout) if cutlass.const_expr(self.persistent) else 0
+        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
+        sO_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim_v)
+        o_elems = cute.cosize(sO_layout) if cutlass.const_expr(self.persistent) else 0
 
         @cute.struct
         class SharedStorage:
@@ -249,17 +285,20 @@ class FlashForwardSm90(AttentionKernel):
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(
             tma_load, mK, kv_stage_layout, (self.tile_n, self.head_dim), 1
         )
+        v_stage_layout = cute.select(sV_layout, mode=[0, 1])
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(
-            tma_load, mV, kv_stage_layout, (self.tile_n, self.head_dim), 1
+            tma_load, mV, v_stage_layout, (self.tile_n, self.head_dim_v), 1
         )
         tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_tile_layout, self.query_tile_shape()
+            cpasync.CopyBulkTensorTileS2GOp(), mO, self.query_smem(sO_layout, self.head_dim_v),
+            self.query_tile_shape(self.head_dim_v),
         )
         # The rows TMA fills (packed: whole groups only; the box is transferred in full).
         tile_bytes_q = (
             self.tile_positions * self.pack_gqa * self.head_dim * self.dtype.width // 8
         )
         tile_bytes_kv = cute.size_in_bytes(self.dtype, kv_stage_layout)
+        tile_bytes_v = cute.size_in_bytes(self.dtype, v_stage_layout)
 
         # Consumer warpgroups stack along M, 64 rows each.
         tiled_mma_qk = hopper.make_trivial_tiled_mma(
@@ -278,7 +317,7 @@ class FlashForwardSm90(AttentionKernel):
             cute.nvgpu.OperandMajorMode.MN,
             Float32,
             atom_layout_mnk=(self.num_consumer_wgs, 1, 1),
-            tiler_mn=(64, self.head_dim),
+            tiler_mn=(64, self.head_dim_v),
             a_source=warpgroup.OperandSource.RMEM,
         )
 
@@ -292,6 +331,10 @@ class FlashForwardSm90(AttentionKernel):
             tma_o,
             mLSE,
             mSink,
+            mO_rows,
+            mCuSeqlensQ,
+            mCuSeqlensK,
+            mSequsedK,
             tma_atom_q,
             tma_atom_k,
             tma_atom_v,
@@ -302,10 +345,12 @@ class FlashForwardSm90(AttentionKernel):
             sQ_layout,
             sK_layout,
             sV_layout,
+            sO_layout,
             tiled_mma_qk,
             tiled_mma_pv,
             tile_bytes_q,
             tile_bytes_kv,
+            tile_bytes_v,
             SharedStorage,
         ).launch(
             grid=grid,
@@ -324,6 +369,10 @@ class FlashForwardSm90(AttentionKernel):
         mO: cute.Tensor,
         mLSE: cute.Tensor,  # (seqlen_q, heads_q, batch); packed: (group, seqlen_q, heads_kv, batch)
         mSink: cute.Tensor | None,
+        mO_rows: cute.Tensor | None,  # varlen: out as given, (1, total_q, heads_q, dim)
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
+        mSequsedK: cute.Tensor | None,
         tma_atom_q: cute.CopyAtom,
         tma_atom_k: cute.CopyAtom,
         tma_atom_v: cute.CopyAtom,
@@ -334,10 +383,12 @@ class FlashForwardSm90(AttentionKernel):
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         tile_bytes_q: cutlass.Constexpr[int],
         tile_bytes_kv: cutlass.Constexpr[int],
+        tile_bytes_v: cutlass.Constexpr[int],
         SharedStorage: cutlass.Constexpr,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -348,7 +399,7 @@ class FlashForwardSm90(AttentionKernel):
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), 1, tile_bytes_q)
         pipeline_k = self.tma_pipeline(storage.mbar_k.data_ptr(), self.num_stages, tile_bytes_kv)
-        pipeline_v = self.tma_pipeline(storage.mbar_v.data_ptr(), self.num_stages, tile_bytes_kv)
+        pipeline_v = self.tma_pipeline(storage.mbar_v.data_ptr(), self.num_stages, tile_bytes_v)
         pipeline.pipeline_init_arrive()
         pipeline.pipeline_init_wait()
 
@@ -357,27 +408,34 @@ class FlashForwardSm90(AttentionKernel):
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = sQ
         if cutlass.const_expr(self.persistent):
-            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        elif cutlass.const_expr(self.head_dim_v != self.head_dim):
+            # O (dim_v columns) in Q's buffer.
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         block_info = BlockInfo(
             tile_m=self.tile_positions, tile_n=self.tile_n, causal=self.causal,
             window=self.window,
         )
         seqlen_q = mQ.shape[1] if cutlass.const_expr(self.pack_gqa > 1) else mQ.shape[0]
+        # Varlen: each work tile's sequence (``sequence_of``) replaces this.
         seqlen = SeqlenInfo(seqlen_q=seqlen_q, seqlen_k=mK.shape[0])
+        cu_seqlens = dict(
+            mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK, mSequsedK=mSequsedK
+        )
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.produce(
                     mQ, mK, mV, sQ, sK, sV, tma_atom_q, tma_atom_k, tma_atom_v,
-                    pipeline_q, pipeline_k, pipeline_v, counts, block_info, seqlen,
+                    pipeline_q, pipeline_k, pipeline_v, counts, block_info, seqlen, cu_seqlens,
                 )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(
                 mO, mLSE, mSink, sQ, sK, sV, sO, tma_atom_o, tiled_mma_qk, tiled_mma_pv,
                 pipeline_q, pipeline_k, pipeline_v, scale_log2, tanh_scale, counts, block_info,
-                seqlen,
+                seqlen, cu_seqlens, mO_rows,
             )
 
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
@@ -403,6 +461,7 @@ class FlashForwardSm90(AttentionKernel):
         counts: LinearTileCounts,
         block_info: BlockInfo,
         seqlen: SeqlenInfo,
+        cu_seqlens: dict,
     ):
         """Per work tile: Q, then K and V tiles from the last visible one down to 0, in the
         order the consumers use them (with intra-warpgroup overlap K(n - 1) before V(n))."""
@@ -416,6 +475,7 @@ class FlashForwardSm90(AttentionKernel):
             mQ=mQ, mK=mK, mV=mV, sQ=sQ, sK=sK, sV=sV, tma_atom_q=tma_atom_q,
             tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v, pipeline_q=pipeline_q,
             pipeline_k=pipeline_k, pipeline_v=pipeline_v, block_info=block_info, seqlen=seqlen,
+            **cu_seqlens,
         )
         if cutlass.const_expr(self.persistent):
             while work.is_valid:
@@ -429,16 +489,20 @@ class FlashForwardSm90(AttentionKernel):
     def produce_tile(
         self, work: WorkTile, q_state, kv_state, *, mQ, mK, mV, sQ, sK, sV, tma_atom_q,
         tma_atom_k, tma_atom_v, pipeline_q, pipeline_k, pipeline_v, block_info, seqlen,
+        mCuSeqlensQ, mCuSeqlensK, mSequsedK,
     ):
         """One work tile's loads; returns the advanced pipeline states."""
         head_kv = work.head  # packed: work tiles are per KV head
         if cutlass.const_expr(self.pack_gqa == 1):
             head_kv = work.head // (mQ.shape[2] // mK.shape[2])
-        n_block_min, n_block_max = block_info.n_block_min_max(seqlen, work.m_block)
-        gQ = self.query_tile(mQ, work)
+        if cutlass.const_expr(self.varlen):
+            seqlen = SeqlenInfo.varlen(mCuSeqlensQ, mCuSeqlensK, mSequsedK, work.batch)
+        n_block_min, n_block_max = self.key_tile_range(block_info, seqlen, work.m_block)
+        gQ = self.query_tile(mQ, work, seqlen)
         tile_kv = (self.tile_n, self.head_dim)
-        gK = cute.local_tile(mK[None, None, head_kv, work.batch], tile_kv, (None, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, work.batch], tile_kv, (None, 0))
+        tile_v = (self.tile_n, self.head_dim_v)
+        gK = cute.local_tile(self.key_rows(mK, head_kv, work.batch, seqlen), tile_kv, (None, 0))
+        gV = cute.local_tile(self.key_rows(mV, head_kv, work.batch, seqlen), tile_v, (None, 0))
         tQsQ, tQgQ = self.tma_partition(
             tma_atom_q, self.query_smem(sQ), gQ, tile_rank=cute.rank(gQ)
         )
@@ -471,33 +535,60 @@ class FlashForwardSm90(AttentionKernel):
             cute.group_modes(gmem, 0, tile_rank),
         )
 
-    def query_tile_shape(self) -> tuple:
-        """The TMA box of a Q / O tile: (tile_m, dim), or, packed, (group, positions, dim)."""
+    def query_tile_shape(self, columns: int | None = None) -> tuple:
+        """The TMA box of a Q / O tile: (tile_m, dim), or, packed, (group, positions, dim);
+        ``columns``: O's (dim_v) where they differ."""
+        columns = columns or self.head_dim
         if self.pack_gqa == 1:
-            return (self.tile_m, self.head_dim)
-        return (self.pack_gqa, self.tile_positions, self.head_dim)
+            return (self.tile_m, columns)
+        return (self.pack_gqa, self.tile_positions, columns)
 
-    def query_smem(self, smem):
+    def query_smem(self, smem, columns: int | None = None):
         """The Q / O buffer (a tensor or its layout) as TMA sees it: packed, row g + group * s
         of the tile holds head g at position s; rows past the last whole group are not used."""
         if self.pack_gqa == 1:
             return smem
         rows = cute.make_layout(
-            self.query_tile_shape(), stride=(1, self.pack_gqa, self.tile_m)
+            self.query_tile_shape(columns), stride=(1, self.pack_gqa, self.tile_m)
         )
         return cute.composition(smem, rows)
 
-    def query_tile(self, tensor: cute.Tensor, work: WorkTile) -> cute.Tensor:
-        """Work tile ``work``'s block of the TMA view of q or out."""
+    def query_tile(
+        self, tensor: cute.Tensor, work: WorkTile, seqlen: SeqlenInfo | None = None,
+        columns: int | None = None,
+    ) -> cute.Tensor:
+        """Work tile ``work``'s block of the TMA view of q or out (varlen: of its sequence,
+        whose rows ``seqlen`` places; TMA takes any first row); ``columns`` as in
+        ``query_tile_shape``."""
+        shape = self.query_tile_shape(columns)
+        if cutlass.const_expr(self.varlen):
+            rows = cute.domain_offset((seqlen.offset_q, 0), tensor[None, None, work.head, 0])
+            return cute.local_tile(rows, shape, (work.m_block, 0))
         if cutlass.const_expr(self.pack_gqa == 1):
             return cute.local_tile(
-                tensor[None, None, work.head, work.batch], self.query_tile_shape(),
-                (work.m_block, 0),
+                tensor[None, None, work.head, work.batch], shape, (work.m_block, 0)
             )
         return cute.local_tile(
-            tensor[None, None, None, work.head, work.batch], self.query_tile_shape(),
-            (0, work.m_block, 0),
+            tensor[None, None, None, work.head, work.batch], shape, (0, work.m_block, 0)
         )
+
+    def key_rows(self, tensor: cute.Tensor, head_kv, batch, seqlen: SeqlenInfo) -> cute.Tensor:
+        """The (seqlen_k, dim) TMA view of k or v for one KV head: of its batch, or varlen, of
+        its sequence (rows past the sequence's keys belong to the next one: the seqlen mask
+        hides them, and TMA zero-fills past the packed tensor's end)."""
+        if cutlass.const_expr(self.varlen):
+            return cute.domain_offset((seqlen.offset_k, 0), tensor[None, None, head_kv, 0])
+        return tensor[None, None, head_kv, batch]
+
+    @cute.jit
+    def key_tile_range(self, block_info: BlockInfo, seqlen: SeqlenInfo, m_block: Int32):
+        """(n_block_min, n_block_max) of a work tile; varlen: none for a query tile past its
+        sequence's end (the grid covers the longest sequence)."""
+        n_block_min, n_block_max = block_info.n_block_min_max(seqlen, m_block)
+        if cutlass.const_expr(self.varlen):
+            if m_block * self.tile_positions >= seqlen.seqlen_q:
+                n_block_max = n_block_min
+        return n_block_min, n_block_max
 
     @cute.jit
     def load_tile(
@@ -539,6 +630,8 @@ class FlashForwardSm90(AttentionKernel):
         counts: LinearTileCounts,
         block_info: BlockInfo,
         seqlen: SeqlenInfo,
+        cu_seqlens: dict,
+        mO_rows: cute.Tensor | None,
     ):
         tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
@@ -551,7 +644,7 @@ class FlashForwardSm90(AttentionKernel):
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(_transposed(sV)))
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = cute.make_rmem_tensor(
-            tiled_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32
+            tiled_mma_pv.partition_shape_C((self.tile_m, self.head_dim_v)), Float32
         )
         num_rows = cute.size(acc_as_rows_cols(acc_O), mode=[0])
         mask = AttentionMask(
@@ -574,7 +667,7 @@ class FlashForwardSm90(AttentionKernel):
             thr_mma_qk=thr_mma_qk, tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv,
             tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP, acc_O=acc_O,
             pending_scale=pending_scale, mask=mask, pipeline_k=pipeline_k, pipeline_v=pipeline_v,
-            wg_idx=wg_idx, tanh_scale=tanh_scale,
+            wg_idx=wg_idx, tanh_scale=tanh_scale, sV=sV,
         )
         scheduler = LinearTileScheduler.create(
             counts, longest_first=self.causal, persistent=self.persistent
@@ -583,7 +676,7 @@ class FlashForwardSm90(AttentionKernel):
         tile_args = dict(
             mO=mO, mLSE=mLSE, mSink=mSink, sO=sO, tma_atom_o=tma_atom_o, pipeline_q=pipeline_q,
             scale_log2=scale_log2, block_info=block_info, seqlen=seqlen, tidx=tidx,
-            num_rows=num_rows, loop=loop,
+            num_rows=num_rows, loop=loop, mO_rows=mO_rows, **cu_seqlens,
         )
         if cutlass.const_expr(self.persistent):
             while work.is_valid:
@@ -598,11 +691,20 @@ class FlashForwardSm90(AttentionKernel):
     def consume_tile(
         self, work: WorkTile, q_state, kv_state, *, mO, mLSE, mSink, sO, tma_atom_o, pipeline_q,
         scale_log2, block_info, seqlen, tidx, num_rows: cutlass.Constexpr[int], loop: Mainloop,
+        mO_rows, mCuSeqlensQ, mCuSeqlensK, mSequsedK,
     ):
         """One work tile: the key tiles, then the epilogue; returns the advanced states."""
+        if cutlass.const_expr(self.varlen):
+            seqlen = SeqlenInfo.varlen(mCuSeqlensQ, mCuSeqlensK, mSequsedK, work.batch)
+            loop = loop._replace(
+                mask=AttentionMask(
+                    tile_m=self.tile_positions, tile_n=self.tile_n, seqlen=seqlen,
+                    pack_gqa=self.pack_gqa, window=self.window,
+                )
+            )
         acc_O, thr_mma_qk, pending_scale = loop.acc_O, loop.thr_mma_qk, loop.pending_scale
         m_block = work.m_block
-        n_block_min, n_block_max = block_info.n_block_min_max(seqlen, m_block)
+        n_block_min, n_block_max = self.key_tile_range(block_info, seqlen, m_block)
         # Key tiles below the first one: those crossing the diagonal, then unmasked ones. A
         # local window: across its right bound, unmasked, across its left bound.
         num_causal_tiles = Int32(0)
@@ -615,7 +717,10 @@ class FlashForwardSm90(AttentionKernel):
             num_causal_tiles, num_unmasked_tiles, num_left_masked = (
                 block_info.window_tile_counts(seqlen, m_block, n_block_min, n_block_max)
             )
-        softmax = OnlineSoftmax(scale_log2, num_rows, rescale_threshold=RESCALE_THRESHOLD)
+        softmax = OnlineSoftmax(
+            scale_log2, num_rows, rescale_threshold=RESCALE_THRESHOLD,
+            exp2_poly_every=self.exp2_poly_every,
+        )
         acc_O.fill(0.0)
         pending_scale.fill(1.0)
         if n_block_max > n_block_min:
@@ -645,7 +750,7 @@ class FlashForwardSm90(AttentionKernel):
             if cutlass.const_expr(self.persistent):
                 # Q is read by no GEMM after the last S: let the next tile's Q load.
                 pipeline_q.consumer_release(q_state)
-            kv_state = self.last_pv(loop, kv_state)
+            kv_state = self.last_pv(loop, kv_state, n_block_min)
             if cutlass.const_expr(not self.persistent):
                 pipeline_q.consumer_release(q_state)
             q_state.advance()
@@ -659,7 +764,13 @@ class FlashForwardSm90(AttentionKernel):
         row_scale = softmax.finalize(lse, sinks)
         rescale_rows(acc_O, row_scale)
         positions_left = seqlen.seqlen_q - m_block * self.tile_positions
-        if cutlass.const_expr(self.pack_gqa == 1):
+        if cutlass.const_expr(self.varlen):
+            gLSE = cute.local_tile(
+                cute.domain_offset((seqlen.offset_q,), mLSE[None, work.head, 0]),
+                (self.tile_m,), (m_block,),
+            )
+            rows_left = positions_left
+        elif cutlass.const_expr(self.pack_gqa == 1):
             gLSE = cute.local_tile(
                 mLSE[None, work.head, work.batch], (self.tile_m,), (m_block,)
             )
@@ -671,8 +782,18 @@ class FlashForwardSm90(AttentionKernel):
             )
             rows_left = self.pack_gqa * cutlass.min(positions_left, self.tile_positions)
         store_lse(gLSE, lse, score_coords, rows_left)
-        gO = self.query_tile(mO, work)
-        self.store_o(gO, acc_O, sO, tma_atom_o, loop.tiled_mma_pv, tidx)
+        if cutlass.const_expr(self.varlen):
+            gO = cute.local_tile(
+                seqlen.rows(mO_rows, work.batch, work.head, keys=False, packed=True),
+                (self.tile_m, self.head_dim_v), (m_block, 0),
+            )
+            columns = None
+            if cutlass.const_expr(mO_rows.shape[3] != self.head_dim_v):
+                columns = mO_rows.shape[3]  # a padded head dim
+            self.store_o_rows(gO, acc_O, sO, loop.tiled_mma_pv, tidx, rows_left, columns)
+        else:
+            gO = self.query_tile(mO, work, columns=self.head_dim_v)
+            self.store_o(gO, acc_O, sO, tma_atom_o, loop.tiled_mma_pv, tidx)
         return q_state, kv_state
 
     @cute.jit
@@ -778,6 +899,8 @@ class FlashForwardSm90(AttentionKernel):
         if cutlass.const_expr(self.rescale_o_before_pv):
             rescale_rows_where_needed(acc_O, pending_scale)
         wait_stage(pipeline_v, v_state)
+        if cutlass.const_expr(self.varlen):
+            self.zero_keys_past_sequence(loop, v_state.index, n_block + 1)
         gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
              zero_init=False, wait_groups=-1)
         self.scheduler_arrive(wg_idx)
@@ -798,18 +921,50 @@ class FlashForwardSm90(AttentionKernel):
         return kv_state
 
     @cute.jit
-    def last_pv(self, loop: Mainloop, kv_state):
-        """O += P V for the last key tile, which the overlapped loop leaves pending."""
+    def last_pv(self, loop: Mainloop, kv_state, n_block: Int32):
+        """O += P V for the last key tile (``n_block``), which the overlapped loop leaves
+        pending."""
         tiled_mma_pv, tOrVt, tOrP = loop.tiled_mma_pv, loop.tOrVt, loop.tOrP
         acc_O, pending_scale, pipeline_v = loop.acc_O, loop.pending_scale, loop.pipeline_v
         if cutlass.const_expr(self.rescale_o_before_pv):
             rescale_rows_where_needed(acc_O, pending_scale)
         wait_stage(pipeline_v, kv_state)
+        if cutlass.const_expr(self.varlen):
+            self.zero_keys_past_sequence(loop, kv_state.index, n_block)
         gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
              zero_init=False, wait_groups=0)
         pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
+
+    @cute.jit
+    def zero_keys_past_sequence(self, loop: Mainloop, stage: Int32, n_block: Int32):
+        """Varlen: zero the rows of key tile ``n_block``'s V (in ``stage``) past the sequence's
+        keys before P V reads them: TMA loaded the next sequence's rows there, or whatever lies
+        past the packed tensor, and P = 0 times a NaN would still be NaN. Every consumer
+        warpgroup writes all of them (the same zeros: a benign race) and then waits for its own
+        threads only, so the ping-pong order stays as it is; only a sequence's last key tile
+        has such rows."""
+        keys_left = cutlass.max(loop.mask.seqlen.seqlen_k - n_block * self.tile_n, 0)
+        if keys_left < self.tile_n:
+            # 16-byte stores of whole rows (the swizzle keeps 16-byte chunks whole).
+            _, row_stores = gmem_row_copies(
+                self.dtype, smem_tile_atom(self.dtype, self.head_dim_v), THREADS_PER_WARPGROUP
+            )
+            thr_stores = row_stores.get_slice(cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP)
+            tVsV = thr_stores.partition_D(loop.sV[None, None, stage])
+            tVcV = thr_stores.partition_D(
+                cute.make_identity_tensor((self.tile_n, self.head_dim_v))
+            )
+            for m in cutlass.range_constexpr(cute.size(tVsV, mode=[1])):
+                if tVcV[0, m, 0][0] >= keys_left:
+                    tVsV[None, m, None].fill(0)
+            # Generic-proxy writes must be visible to WGMMA (async proxy) before it reads them.
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(
+                barrier_id=int(NamedBarrier.ZEROED_WG0) + loop.wg_idx,
+                number_of_threads=THREADS_PER_WARPGROUP,
+            )
 
     @cute.jit
     def store_o(
@@ -843,7 +998,35 @@ class FlashForwardSm90(AttentionKernel):
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=epilogue_threads)
         if tidx < 32:
             tOsO, tOgO = self.tma_partition(
-                tma_atom_o, self.query_smem(sO), gO, tile_rank=cute.rank(gO)
+                tma_atom_o, self.query_smem(sO, self.head_dim_v), gO, tile_rank=cute.rank(gO)
             )
             cute.copy(tma_atom_o, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def store_o_rows(
+        self,
+        gO: cute.Tensor,
+        acc_O: cute.Tensor,
+        sO: cute.Tensor,
+        tiled_mma_pv: cute.TiledMma,
+        tidx: Int32,
+        rows_left: Int32,
+        columns: cutlass.Constexpr,
+    ):
+        """A packed (varlen) batch's O: shared memory (stmatrix), then 128-bit row stores of
+        the rows before ``rows_left`` (the sequence's end) and, a padded head dim, of the
+        inputs' ``columns``."""
+        # Every warpgroup is past its last GEMM on Q's buffer, which O now takes.
+        self.epilogue_sync()
+        _, row_store = gmem_row_copies(
+            self.dtype, smem_tile_atom(self.dtype, self.head_dim_v), self.num_consumer_threads
+        )
+        store_o(
+            acc_O, sO, gO, rows_left, tiled_mma=tiled_mma_pv, gmem_tiled_copy=row_store,
+            tidx=tidx, sync=self.epilogue_sync,
+            smem_copy_atom=cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
+            ),
+            columns=columns,
+        )

@@ -21,12 +21,18 @@ def num_threads(tile_m: int) -> int:
     return 128 * (1 + num_consumer_warpgroups(tile_m))
 
 
-def smem_bytes(head_dim: int, tile_m: int, tile_n: int, num_stages: int, separate_o: bool) -> int:
-    """Q tile, num_stages K and V tiles, an O tile unless it reuses Q's buffer, barriers."""
-    q_or_o = tile_m * head_dim * ELEM_BYTES
-    kv = 2 * num_stages * tile_n * head_dim * ELEM_BYTES
+def smem_bytes(
+    head_dim: int, tile_m: int, tile_n: int, num_stages: int, separate_o: bool,
+    head_dim_v: int | None = None,
+) -> int:
+    """Q tile, num_stages K and V tiles, an O tile unless it reuses Q's buffer, barriers; V and
+    O have ``head_dim_v`` columns (default head_dim, at most head_dim)."""
+    head_dim_v = head_dim_v or head_dim
+    q = tile_m * head_dim * ELEM_BYTES
+    o = tile_m * head_dim_v * ELEM_BYTES if separate_o else 0
+    kv = num_stages * tile_n * (head_dim + head_dim_v) * ELEM_BYTES
     barriers = (2 + 4 * num_stages) * MBARRIER_BYTES
-    return q_or_o * (2 if separate_o else 1) + kv + barriers + 1024  # + alignment slack
+    return q + o + kv + barriers + 1024  # + alignment slack
 
 
 def can_implement(
@@ -36,15 +42,19 @@ def can_implement(
     num_stages: int,
     separate_o: bool,
     smem_capacity: int,
+    head_dim_v: int | None = None,
 ) -> bool:
     consumers = num_consumer_warpgroups(tile_m)
     return (
         head_dim in SUPPORTED_HEAD_DIMS
+        # O (dim_v columns) reuses Q's buffer; one WGMMA covers N = dim_v.
+        and (head_dim_v is None or (head_dim_v <= head_dim and head_dim_v % 64 == 0))
         and tile_m % WARPGROUP_ROWS == 0
         and 1 <= consumers <= MAX_CONSUMER_WARPGROUPS
         # WGMMA N is a multiple of 8 up to 256; P (tile_m x tile_n) feeds PV in k16 slices.
         and tile_n % 16 == 0
         and 16 <= tile_n <= 256
         and num_stages >= 1
-        and smem_bytes(head_dim, tile_m, tile_n, num_stages, separate_o) <= smem_capacity
+        and smem_bytes(head_dim, tile_m, tile_n, num_stages, separate_o, head_dim_v)
+        <= smem_capacity
     )

@@ -22,6 +22,8 @@ class NamedBarrier(enum.IntEnum):
     # Ping-pong: consumer warpgroup i waits on SCHEDULER_WG0 + i before issuing its GEMMs
     # and signals the next warpgroup's barrier once they are issued.
     SCHEDULER_WG0 = 2
+    # Varlen: consumer warpgroup i has zeroed the V rows past its sequence's keys (5 + i).
+    ZEROED_WG0 = 5
 
 
 def tma_pipeline(barriers: cute.Pointer, num_stages: int, tile_bytes: int, consumer_threads: int):
