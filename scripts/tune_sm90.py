@@ -10,6 +10,12 @@ skipped. Without --tiles the candidates are the family's own tiles for each (hea
 Candidates and the peers (fa4, sdpa-cudnn: those that load) get the same inputs and are timed in
 interleaved rounds by the benchmark's runner; one line per shape gives TFLOP/s (bench
 convention), the best candidate against the faster peer, and the planner's own choice.
+
+With ``--mode bwd`` the candidates are the family's backward plans (``--bwd-tile-m`` picks their
+query tiles; default: every one it offers), each run through ``cuteattn.api.backward(plan=)``
+on one forward's out and lse, against the peers' backward through autograd:
+
+    python scripts/tune_sm90.py --mode bwd --dims 64 --bwd-tile-m 64,128
 """
 
 import argparse
@@ -20,7 +26,9 @@ import torch
 
 from cuteattn import api
 from cuteattn.bench.__main__ import DTYPES, load_available
+from cuteattn.bench.backends import backward_binder
 from cuteattn.bench.runner import (
+    BACKWARD_FLOPS_FACTOR,
     CAUSAL_MODES,
     PEERS,
     Shape,
@@ -31,7 +39,7 @@ from cuteattn.bench.runner import (
     run_benchmark,
 )
 from cuteattn.kernels.sm90.family import SM90_TILES
-from cuteattn.plan import KernelPlan, Problem, get_family, plan_forward
+from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_forward
 from cuteattn.runtime.arch import device_arch
 
 PERSISTENT_MODES = {"both": (True, False), "true": (True,), "false": (False,)}
@@ -96,16 +104,46 @@ def candidates(
     return plans, skipped
 
 
-def planner_choice(arch, shape: Shape, dtype: str) -> str:
-    problem = Problem(
+def shape_problem(arch, shape: Shape, dtype: str) -> Problem:
+    return Problem(
         batch=shape.batch, seqlen_q=shape.seqlen, seqlen_k=shape.seqlen_k, heads_q=shape.heads,
         heads_kv=shape.heads_kv, head_dim=shape.dim, head_dim_v=shape.dim, dtype=dtype,
         causal=shape.causal, arch=arch,
     )
+
+
+def planner_choice(arch, shape: Shape, dtype: str, mode: str = "fwd") -> str:
+    problem = shape_problem(arch, shape, dtype)
     try:
+        if mode == "bwd":
+            return backward_name(plan_backward(problem, family="sm90"))
         return candidate_name(plan_forward(problem, family="sm90"))
     except NotImplementedError:
         return "n/a"
+
+
+def backward_name(plan: KernelPlan) -> str:
+    return f"bwd-{plan.tile_m}x{plan.tile_n}"
+
+
+def backward_candidates(arch, shape: Shape, dtype: str, tile_ms=None) -> dict:
+    """The sm90 backward plans for ``shape`` by name: every one the family offers and can
+    implement on ``arch``, or those whose tile_m is in ``tile_ms``."""
+    family = get_family("sm90")
+    return {
+        backward_name(plan): plan
+        for plan in family.backward_candidates(shape_problem(arch, shape, dtype))
+        if family.can_implement(plan, arch) and (tile_ms is None or plan.tile_m in tile_ms)
+    }
+
+
+def backward_plan_binder(plan: KernelPlan):
+    def bind(q, k, v, causal):
+        out, lse = api.forward(q, k, v, causal=causal)
+        dout = torch.randn_like(out)
+        return lambda: api.backward(dout, q, k, v, out, lse, causal=causal, plan=plan)
+
+    return bind
 
 
 def plan_binder(plan: KernelPlan):
@@ -141,6 +179,11 @@ def main(argv=None) -> int:
     parser.add_argument("--pack-gqa", choices=tuple(PERSISTENT_MODES), default="false",
                         help="packed GQA candidates (query heads per KV head in one tile): "
                              "true, false or both (default: false)")
+    parser.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",
+                        help="time forward plans (default) or backward plans")
+    parser.add_argument("--bwd-tile-m", type=int_list, default=None,
+                        help="--mode bwd: the backward query tiles to time (default: every one "
+                             "the family offers for the head dim)")
     parser.add_argument("--seqlen-k", type=int, default=None,
                         help="keys per sequence (default: the row's seqlen)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
@@ -164,6 +207,8 @@ def main(argv=None) -> int:
 
     arch = device_arch(torch.device("cuda"))
     peers = load_available(PEERS)
+    if args.mode == "bwd":
+        return tune_backward(args, shapes, arch, peers)
     for shape in shapes:
         plans, skipped = candidates(
             arch, shape, args.dtype, args.tiles, PERSISTENT_MODES[args.persistent],
@@ -177,6 +222,22 @@ def main(argv=None) -> int:
         binders = {name: plan_binder(plan) for name, plan in plans.items()} | peers
         (result,) = run_benchmark([shape], binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters)
         print(shape_line(shape, result, list(binders), planner_choice(arch, shape, args.dtype)), flush=True)
+    return 0
+
+
+def tune_backward(args, shapes, arch, peers) -> int:
+    peers = {name: backward_binder(bind) for name, bind in peers.items()}
+    for shape in shapes:
+        plans = backward_candidates(arch, shape, args.dtype, args.bwd_tile_m)
+        if not plans:
+            print(f"d{shape.dim} s{shape.seqlen} causal={shape.causal}: no backward candidate", flush=True)
+            continue
+        binders = {name: backward_plan_binder(plan) for name, plan in plans.items()} | peers
+        (result,) = run_benchmark(
+            [shape], binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters,
+            flops_factor=BACKWARD_FLOPS_FACTOR,
+        )
+        print(shape_line(shape, result, list(binders), planner_choice(arch, shape, args.dtype, "bwd")), flush=True)
     return 0
 
 

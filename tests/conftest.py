@@ -1,7 +1,19 @@
 import hashlib
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str):
+    """A script of scripts/ (``name``.py) imported as a module, for tests of its plain parts."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(autouse=True)

@@ -143,6 +143,30 @@ def test_backward_preprocess_compiles(arch):
         assert compile_backward_preprocess(arch_from_name(arch).name, dtype, head_dim) is not None
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("deterministic", (False, True))
+def test_backward_candidates_past_the_first_compile(deterministic):
+    """The backward plans a family offers after its first (the sm90 d64 kernel's 128-row
+    query tile, for one), compiled once each: causal with the deterministic variant, else not;
+    varlen too where the plan allows it."""
+    from cuteattn.kernels.sm90.family import BACKWARD_TILE_M
+
+    family = get_family("sm90")
+    arch = arch_from_name("sm_90a")
+    compiled = 0
+    for head_dim, tiles in BACKWARD_TILE_M.items():
+        problem = Problem(
+            batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
+            head_dim_v=head_dim, dtype="fp16" if deterministic else "bf16",
+            causal=deterministic, arch=arch, deterministic=deterministic,
+            varlen=not deterministic,
+        )
+        for plan in family.backward_candidates(problem)[1:]:
+            assert plan.tile_m in tiles[1:] and family.can_implement(plan, arch), plan
+            assert compile_backward(plan) is not None, plan
+            compiled += 1
+    assert compiled == sum(len(tiles) - 1 for tiles in BACKWARD_TILE_M.values())
+
 # Soft-capping (a plan option, so its own kernels): every kernel class once per target, both
 # causal modes and dtypes across the sample. (family, arch, head_dim, causal, dtype, kinds)
 SOFTCAP_CASES = (

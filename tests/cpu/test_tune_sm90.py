@@ -2,7 +2,6 @@
 the ones the sm90 family cannot implement), the planner's choice, the per-shape line."""
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,16 +12,15 @@ import pytest
 from cuteattn.arch import arch_from_name
 from cuteattn.bench.runner import Shape, ShapeResult, tflops
 
+from conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tune_sm90.py"
 HOPPER = arch_from_name("sm_90a")
 
 
 @pytest.fixture(scope="module")
 def tune():
-    spec = importlib.util.spec_from_file_location("tune_sm90", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tune_sm90")
 
 
 def test_tile_list(tune):
@@ -59,6 +57,18 @@ def test_planner_choice_is_named_like_a_candidate(tune):
     assert tune.planner_choice(HOPPER, gqa, "bf16") in plans
     assert tune.planner_choice(arch_from_name("sm_80"), gqa, "bf16") == "n/a"
 
+
+def test_backward_candidates_are_the_family_offers(tune):
+    """--mode bwd: every sm90 backward plan the family offers for the head dim (d64: 64- and
+    128-row query tiles), or those --bwd-tile-m names; the planner's is one of them."""
+    shape = Shape(dim=64, seqlen=4096, causal=True, batch=8, heads=32)
+    plans = tune.backward_candidates(HOPPER, shape, "bf16")
+    assert list(plans) == ["bwd-64x128", "bwd-128x128"]
+    assert all(plan.kind == "backward" and plan.causal for plan in plans.values())
+    assert list(tune.backward_candidates(HOPPER, shape, "bf16", [128])) == ["bwd-128x128"]
+    assert tune.planner_choice(HOPPER, shape, "bf16", "bwd") in plans
+    wide = Shape(dim=256, seqlen=4096, causal=False, batch=8, heads=8)
+    assert list(tune.backward_candidates(HOPPER, wide, "bf16")) == ["bwd-64x48"]
 
 def test_shape_line_names_the_best_candidate_against_the_faster_peer(tune):
     shape = Shape(dim=256, seqlen=1024, causal=False, batch=32, heads=8)

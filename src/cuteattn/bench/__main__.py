@@ -181,13 +181,19 @@ def load_available(
     return binders
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def parse_rows(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, list[Shape]]:
+    """The parsed arguments and their rows; a bad row exits through ``parser.error``."""
     args = parser.parse_args(argv)
     try:
-        shapes = grid_from_args(args)
+        return args, grid_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, shapes = parse_rows(build_parser(), argv)
     if not torch.cuda.is_available():
         print(NO_CUDA_MESSAGE, file=sys.stderr)
         return 2

@@ -455,6 +455,32 @@ def time_call_ms(call: Callable[[], object], iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
+def make_inputs(shape: Shape, dtype: torch.dtype, device: str = "cuda") -> tuple:
+    """(q, k, v, extra) for a row: random tensors every backend gets the same of (k and v
+    carry heads_kv heads: GQA / MQA); a varlen row's are packed (total, heads, dim) and
+    ``extra`` holds its ``varlen`` binding argument (cumulative lengths, int32, and the longest)."""
+    if shape.lengths is None:
+        q, k, v = (
+            torch.randn(shape.batch, seqlen, heads, shape.dim, device=device, dtype=dtype)
+            for seqlen, heads in (
+                (shape.seqlen, shape.heads),
+                (shape.seqlen_k, shape.heads_kv),
+                (shape.seqlen_k, shape.heads_kv),
+            )
+        )
+        return q, k, v, {}
+    total = sum(shape.lengths)
+    q, k, v = (
+        torch.randn(total, heads, shape.dim, device=device, dtype=dtype)
+        for heads in (shape.heads, shape.heads_kv, shape.heads_kv)
+    )
+    cumulative = [0]
+    for length in shape.lengths:
+        cumulative.append(cumulative[-1] + length)
+    cu_seqlens = torch.tensor(cumulative, dtype=torch.int32, device=device)
+    return q, k, v, {"varlen": (cu_seqlens, shape.seqlen)}
+
+
 def run_benchmark(
     shapes: Sequence[Shape],
     binders: dict[str, Binder],
@@ -481,29 +507,7 @@ def run_benchmark(
     torch.manual_seed(0)
     results = []
     for index, shape in enumerate(shapes, 1):
-        # Every backend gets these same tensors; k and v carry heads_kv heads (GQA / MQA).
-        extra = {}
-        if shape.lengths is not None:
-            # Packed (total, heads, dim) and the cumulative lengths (int32, on the GPU).
-            total = sum(shape.lengths)
-            q, k, v = (
-                torch.randn(total, heads, shape.dim, device="cuda", dtype=dtype)
-                for heads in (shape.heads, shape.heads_kv, shape.heads_kv)
-            )
-            cumulative = [0]
-            for length in shape.lengths:
-                cumulative.append(cumulative[-1] + length)
-            cu_seqlens = torch.tensor(cumulative, dtype=torch.int32, device="cuda")
-            extra = {"varlen": (cu_seqlens, shape.seqlen)}
-        else:
-            q, k, v = (
-                torch.randn(shape.batch, seqlen, heads, shape.dim, device="cuda", dtype=dtype)
-                for seqlen, heads in (
-                    (shape.seqlen, shape.heads),
-                    (shape.seqlen_k, shape.heads_kv),
-                    (shape.seqlen_k, shape.heads_kv),
-                )
-            )
+        q, k, v, extra = make_inputs(shape, dtype)
         calls = {}
         for backend, bind in binders.items():
             try:

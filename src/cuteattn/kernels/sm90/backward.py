@@ -39,7 +39,8 @@ order (``kernels/common/turns.py``; causal: descending, the last key tiles dispa
 waiting for each step's additions to complete.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
-tile_m 64, tile_n 128 (two consumer warpgroups), Q / dO stages 2.
+tile_m 64 (d64: 64 or 128, ``family.BACKWARD_TILE_M``), tile_n 128 (two consumer warpgroups),
+Q / dO stages 2.
 """
 
 import enum

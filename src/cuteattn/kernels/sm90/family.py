@@ -98,7 +98,13 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
 # WGMMA's M, 64 / 48 keys per CTA (the largest that fit shared memory).
 BACKWARD_TILE_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 48}
 BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILE_N)
-BACKWARD_TILE = dict(tile_m=64, num_threads=384, num_stages=2)
+BACKWARD_TILE = dict(num_threads=384, num_stages=2)
+# Queries per step that each head dim's kernel can take, the planner's first. d64 also takes
+# 128 (FlashAttention-3's d64 tile: twice the GEMM work per step for the same per-step
+# barriers and pipeline hand-overs; ptxas spills 6 register pairs around the dQ GEMM), not yet
+# timed against 64 (``scripts/tune_sm90.py --mode bwd --bwd-tile-m 64,128``). 128 at d96 / d128
+# spills 80 / 135 register pairs: not offered.
+BACKWARD_TILE_M = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64,)}
 # Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV and dQ.
 WIDE_BACKWARD_SPLIT_DIM = {192: False, 256: True}
 BACKWARD_SMEM_SLACK = 2048  # barriers and alignment
@@ -119,11 +125,11 @@ def backward_dq_chunks(head_dim: int) -> tuple[int, int]:
     return (2 if split else 1), BACKWARD_DQ_ROW_PAD
 
 
-def backward_smem_bytes(head_dim: int) -> int:
+def backward_smem_bytes(head_dim: int, tile_m: int = 64) -> int:
     """K, V (tile_n rows), two stages of Q and dO (tile_m rows), two bf16 tile_m x tile_n
     buffers (dS^T twice, or P and dS), lse and dpsum per stage, and a padded fp32 dQ buffer per
     consumer warpgroup for the bulk reductions."""
-    tile_m, tile_n, stages = BACKWARD_TILE["tile_m"], BACKWARD_TILE_N[head_dim], 2
+    tile_n, stages = BACKWARD_TILE_N[head_dim], BACKWARD_TILE["num_stages"]
     elems = 2 * tile_n * head_dim + 2 * stages * tile_m * head_dim + 2 * tile_n * tile_m
     chunks, row_pad = backward_dq_chunks(head_dim)
     dq_buffer_floats = 2 * tile_m * (head_dim // chunks + row_pad)
@@ -215,13 +221,14 @@ class Sm90Family(KernelFamily):
         if head_dim != problem.head_dim:
             # Padded as in the forward: TMA fills and clips the missing columns.
             options = tuple(sorted(options + (("dim", problem.head_dim),)))
-        return (
+        return tuple(
             KernelPlan(
                 family=self.name, arch=problem.arch.name, dtype=problem.dtype,
                 head_dim=head_dim, causal=problem.causal,
-                tile_n=BACKWARD_TILE_N[head_dim], **BACKWARD_TILE,
+                tile_m=tile_m, tile_n=BACKWARD_TILE_N[head_dim], **BACKWARD_TILE,
                 options=options, kind="backward",
-            ),
+            )
+            for tile_m in BACKWARD_TILE_M[head_dim]
         )
 
     def representative_problems(
@@ -250,8 +257,9 @@ class Sm90Family(KernelFamily):
                 and isinstance(plan.option("deterministic"), bool)
                 and features_well_formed(plan)
                 and all(getattr(plan, name) == value for name, value in BACKWARD_TILE.items())
+                and plan.tile_m in BACKWARD_TILE_M[plan.head_dim]
                 and plan.tile_n == BACKWARD_TILE_N[plan.head_dim]
-                and backward_smem_bytes(plan.head_dim) <= arch.smem_per_block
+                and backward_smem_bytes(plan.head_dim, plan.tile_m) <= arch.smem_per_block
             )
         names = tuple(name for name, _ in family_options(plan))
         return (
