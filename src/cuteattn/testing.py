@@ -160,3 +160,60 @@ def skip_unless_family_runs(family: str) -> None:
 
     if not get_family(family).supports(device_arch(torch.device("cuda"))):
         pytest.skip(f"family {family} does not run on this GPU")
+
+
+def check_family_backward(q, k, v, *, causal: bool, family: str, deterministic: bool) -> None:
+    """The family's forward, then its backward into poisoned gradient buffers (dout random),
+    against the reference's gradients (``assert_grads_close``)."""
+    from cuteattn import api
+
+    out, lse = api.forward(q, k, v, causal=causal, family=family)
+    dout = torch.randn_like(out)
+    grads = tuple(poison_like(x) for x in (q, k, v))
+    got = api.backward(
+        dout, q, k, v, out, lse, causal=causal, family=family, deterministic=deterministic,
+        dq=grads[0], dk=grads[1], dv=grads[2],
+    )
+    torch.cuda.synchronize()
+    assert_grads_close(got, q, k, v, dout, causal=causal)
+
+
+def check_training_dense_and_packed(q, k, v, dout) -> None:
+    """Causal training through autograd on (q, k, v) (batch 2, 300 queries, 400 keys: the
+    planner's family), then on a packed batch of their first rows (four sequences, an empty and
+    a one-row one among them): out and gradients against the reference's."""
+    import cuteattn
+    from cuteattn.reference import attention
+
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    cuteattn.flash_attn_func(*leaves, causal=True).backward(dout)
+    assert_grads_close([leaf.grad for leaf in leaves], q, k, v, dout, causal=True)
+
+    cu_q = torch.tensor((0, 100, 101, 101, 301), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor((0, 150, 180, 187, 400), dtype=torch.int32, device="cuda")
+    packed = [x.flatten(0, 1)[: cu[-1]] for x, cu in ((q, cu_q), (k, cu_k), (v, cu_k))]
+    packed_dout = dout.flatten(0, 1)[: cu_q[-1]]
+    leaves = [x.detach().requires_grad_() for x in packed]
+    out = cuteattn.flash_attn_varlen_func(*leaves, cu_q, cu_k, 200, 213, causal=True)
+    options = dict(causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    out_ref, _ = attention(*packed, **options)
+    out_pt, _ = attention(*packed, upcast=False, **options)
+    assert_close_to_reference("out", out.detach(), out_ref, out_pt)
+    out.backward(packed_dout)
+    assert_grads_close([leaf.grad for leaf in leaves], *packed, packed_dout, **options)
+
+
+def check_family_forward(q, k, v, *, causal: bool, family: str) -> None:
+    """The family's forward into a poisoned ``out`` (v's head dim), out and lse against the
+    reference's."""
+    from cuteattn import api
+    from cuteattn.reference import attention
+
+    out = poison_like(q.new_empty(*q.shape[:3], v.shape[3]))
+    got, lse = api.forward(q, k, v, causal=causal, out=out, family=family)
+    torch.cuda.synchronize()
+    assert got.data_ptr() == out.data_ptr()
+    out_ref, lse_ref = attention(q, k, v, causal=causal)
+    out_pt, lse_pt = attention(q, k, v, causal=causal, upcast=False)
+    assert_close_to_reference("out", got, out_ref, out_pt)
+    assert_close_to_reference("lse", lse, lse_ref, lse_pt)

@@ -22,9 +22,7 @@ BACKWARD_FAMILIES = [family.name for family in families() if family.has_backward
 @pytest.mark.parametrize("head_dim", DIMS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_padded_head_dim_forward(family, head_dim, dtype, causal, seqlen_q, seqlen_k):
-    from cuteattn import api
-    from cuteattn.reference import attention
-    from cuteattn.testing import assert_close_to_reference, poison_like
+    from cuteattn.testing import check_family_forward
 
     skip_unless_family_runs(family)
     # (16, 4096) with 8 query heads per KV head is packed GQA.
@@ -32,13 +30,7 @@ def test_padded_head_dim_forward(family, head_dim, dtype, causal, seqlen_q, seql
     q = torch.randn(2, seqlen_q, heads_q, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(2, seqlen_k, heads_kv, head_dim, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
-    out = poison_like(q)
-    got, lse = api.forward(q, k, v, causal=causal, out=out, family=family)
-    torch.cuda.synchronize()
-    out_ref, lse_ref = attention(q, k, v, causal=causal)
-    out_pt, lse_pt = attention(q, k, v, causal=causal, upcast=False)
-    assert_close_to_reference("out", got, out_ref, out_pt)
-    assert_close_to_reference("lse", lse, lse_ref, lse_pt)
+    check_family_forward(q, k, v, causal=causal, family=family)
 
 
 @pytest.mark.parametrize("deterministic", (False, True))
@@ -48,51 +40,21 @@ def test_padded_head_dim_forward(family, head_dim, dtype, causal, seqlen_q, seql
 @pytest.mark.parametrize("family", BACKWARD_FAMILIES)
 def test_padded_head_dim_backward(family, head_dim, dtype, causal, deterministic):
     """dq, dk, dv of the family's forward and backward against the reference's."""
-    from cuteattn import api
-    from cuteattn.testing import assert_grads_close, poison_like
+    from cuteattn.testing import check_family_backward
 
     skip_unless_family_runs(family)
     q = torch.randn(2, 333, 8, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(2, 517, 2, head_dim, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
-    dout = torch.randn_like(q)
-    out, lse = api.forward(q, k, v, causal=causal, family=family)
-    grads = tuple(poison_like(x) for x in (q, k, v))
-    got = api.backward(
-        dout, q, k, v, out, lse, causal=causal, family=family, deterministic=deterministic,
-        dq=grads[0], dk=grads[1], dv=grads[2],
-    )
-    torch.cuda.synchronize()
-    assert_grads_close(got, q, k, v, dout, causal=causal)
+    check_family_backward(q, k, v, causal=causal, family=family, deterministic=deterministic)
 
 
 def test_padded_head_dim_through_autograd_and_varlen():
-    """flash_attn_func trains at a padded dim (the planner's family), and a packed batch (the
-    sm80 family) pads the same way."""
-    import cuteattn
-    from cuteattn.testing import assert_close_to_reference, assert_grads_close
-    from cuteattn.reference import attention
+    """flash_attn_func trains at a padded dim (the planner's family), and a packed batch pads
+    the same way."""
+    from cuteattn.testing import check_training_dense_and_packed
 
     q = torch.randn(2, 300, 8, 40, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 400, 2, 40, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    dout = torch.randn_like(q)
-    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    cuteattn.flash_attn_func(*leaves, causal=True).backward(dout)
-    assert_grads_close([leaf.grad for leaf in leaves], q, k, v, dout, causal=True)
-
-    lengths_q, lengths_k = (100, 1, 0, 200), (150, 30, 7, 213)
-    cu_q = torch.tensor((0, 100, 101, 101, 301), dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor((0, 150, 180, 187, 400), dtype=torch.int32, device="cuda")
-    packed = [x.flatten(0, 1)[: cu[-1]] for x, cu in ((q, cu_q), (k, cu_k), (v, cu_k))]
-    packed_dout = dout.flatten(0, 1)[: cu_q[-1]]
-    leaves = [x.detach().requires_grad_() for x in packed]
-    out = cuteattn.flash_attn_varlen_func(
-        *leaves, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True
-    )
-    options = dict(causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-    out_ref, _ = attention(*packed, **options)
-    out_pt, _ = attention(*packed, upcast=False, **options)
-    assert_close_to_reference("out", out.detach(), out_ref, out_pt)
-    out.backward(packed_dout)
-    assert_grads_close([leaf.grad for leaf in leaves], *packed, packed_dout, **options)
+    check_training_dense_and_packed(q, k, v, torch.randn_like(q))
