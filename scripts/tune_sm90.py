@@ -11,11 +11,13 @@ Candidates and the peers (fa4, sdpa-cudnn: those that load) get the same inputs 
 interleaved rounds by the benchmark's runner; one line per shape gives TFLOP/s (bench
 convention), the best candidate against the faster peer, and the planner's own choice.
 
-With ``--mode bwd`` the candidates are the family's backward plans (``--bwd-tile-m`` picks their
-query tiles; default: every one it offers), each run through ``cuteattn.api.backward(plan=)``
-on one forward's out and lse, against the peers' backward through autograd:
+With ``--mode bwd`` the candidates are a family's backward plans (``--family``: sm90, or sm80
+forced on this GPU; ``--bwd-tile-m`` picks their query tiles; default: every one it offers),
+each run through ``cuteattn.api.backward(plan=)`` on one forward's out and lse, against the
+peers' backward through autograd (and SDPA's flash backward, sm80's peer):
 
     python scripts/tune_sm90.py --mode bwd --dims 64 --bwd-tile-m 64,128
+    python scripts/tune_sm90.py --mode bwd --family sm80 --dims 64
 """
 
 import argparse
@@ -112,24 +114,24 @@ def shape_problem(arch, shape: Shape, dtype: str) -> Problem:
     )
 
 
-def planner_choice(arch, shape: Shape, dtype: str, mode: str = "fwd") -> str:
+def planner_choice(arch, shape: Shape, dtype: str, mode: str = "fwd", family: str = "sm90") -> str:
     problem = shape_problem(arch, shape, dtype)
     try:
         if mode == "bwd":
-            return backward_name(plan_backward(problem, family="sm90"))
+            return backward_name(plan_backward(problem, family=family))
         return candidate_name(plan_forward(problem, family="sm90"))
     except NotImplementedError:
         return "n/a"
 
 
 def backward_name(plan: KernelPlan) -> str:
-    return f"bwd-{plan.tile_m}x{plan.tile_n}"
+    return f"bwd-{plan.tile_m}x{plan.tile_n}" + ("" if plan.family == "sm90" else f"-{plan.family}")
 
 
-def backward_candidates(arch, shape: Shape, dtype: str, tile_ms=None) -> dict:
-    """The sm90 backward plans for ``shape`` by name: every one the family offers and can
-    implement on ``arch``, or those whose tile_m is in ``tile_ms``."""
-    family = get_family("sm90")
+def backward_candidates(arch, shape: Shape, dtype: str, tile_ms=None, family: str = "sm90") -> dict:
+    """A family's backward plans for ``shape`` by name: every one it offers and can implement
+    on ``arch``, or those whose tile_m is in ``tile_ms``."""
+    family = get_family(family)
     return {
         backward_name(plan): plan
         for plan in family.backward_candidates(shape_problem(arch, shape, dtype))
@@ -181,6 +183,8 @@ def main(argv=None) -> int:
                              "true, false or both (default: false)")
     parser.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",
                         help="time forward plans (default) or backward plans")
+    parser.add_argument("--family", choices=("sm90", "sm80"), default="sm90",
+                        help="--mode bwd: the family whose backward plans are timed (default: sm90)")
     parser.add_argument("--bwd-tile-m", type=int_list, default=None,
                         help="--mode bwd: the backward query tiles to time (default: every one "
                              "the family offers for the head dim)")
@@ -226,9 +230,11 @@ def main(argv=None) -> int:
 
 
 def tune_backward(args, shapes, arch, peers) -> int:
+    if args.family == "sm80":
+        peers = peers | load_available(["sdpa-flash"])
     peers = {name: backward_binder(bind) for name, bind in peers.items()}
     for shape in shapes:
-        plans = backward_candidates(arch, shape, args.dtype, args.bwd_tile_m)
+        plans = backward_candidates(arch, shape, args.dtype, args.bwd_tile_m, args.family)
         if not plans:
             print(f"d{shape.dim} s{shape.seqlen} causal={shape.causal}: no backward candidate", flush=True)
             continue
@@ -237,7 +243,8 @@ def tune_backward(args, shapes, arch, peers) -> int:
             [shape], binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters,
             flops_factor=BACKWARD_FLOPS_FACTOR,
         )
-        print(shape_line(shape, result, list(binders), planner_choice(arch, shape, args.dtype, "bwd")), flush=True)
+        planner = planner_choice(arch, shape, args.dtype, "bwd", args.family)
+        print(shape_line(shape, result, list(binders), planner), flush=True)
     return 0
 
 

@@ -69,6 +69,9 @@ def test_backward_candidates_are_the_family_offers(tune):
     assert tune.planner_choice(HOPPER, shape, "bf16", "bwd") in plans
     wide = Shape(dim=256, seqlen=4096, causal=False, batch=8, heads=8)
     assert list(tune.backward_candidates(HOPPER, wide, "bf16")) == ["bwd-64x48"]
+    sm80 = tune.backward_candidates(HOPPER, shape, "bf16", family="sm80")
+    assert list(sm80) == ["bwd-64x128-sm80", "bwd-128x128-sm80"]
+    assert tune.planner_choice(HOPPER, shape, "bf16", "bwd", "sm80") == "bwd-64x128-sm80"
 
 def test_shape_line_names_the_best_candidate_against_the_faster_peer(tune):
     shape = Shape(dim=256, seqlen=1024, causal=False, batch=32, heads=8)
