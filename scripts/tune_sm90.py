@@ -16,7 +16,7 @@ forced on this GPU; ``--bwd-tile-m`` picks their query tiles; default: every one
 each run through ``cuteattn.api.backward(plan=)`` on one forward's out and lse, against the
 peers' backward through autograd (and SDPA's flash backward, sm80's peer):
 
-    python scripts/tune_sm90.py --mode bwd --dims 64 --bwd-tile-m 64,128
+    python scripts/tune_sm90.py --mode bwd --dims 64,128 --bwd-tile-m 64,80,128
     python scripts/tune_sm90.py --mode bwd --family sm80 --dims 64
 """
 

@@ -67,6 +67,8 @@ def test_backward_candidates_are_the_family_offers(tune):
     assert all(plan.kind == "backward" and plan.causal for plan in plans.values())
     assert list(tune.backward_candidates(HOPPER, shape, "bf16", [128])) == ["bwd-128x128"]
     assert tune.planner_choice(HOPPER, shape, "bf16", "bwd") in plans
+    d128 = Shape(dim=128, seqlen=4096, causal=False, batch=8, heads=16)
+    assert list(tune.backward_candidates(HOPPER, d128, "bf16")) == ["bwd-64x128", "bwd-80x128"]
     wide = Shape(dim=256, seqlen=4096, causal=False, batch=8, heads=8)
     assert list(tune.backward_candidates(HOPPER, wide, "bf16")) == ["bwd-64x48"]
     sm80 = tune.backward_candidates(HOPPER, shape, "bf16", family="sm80")

@@ -99,22 +99,30 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
 BACKWARD_TILE_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 48}
 BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILE_N)
 BACKWARD_TILE = dict(num_threads=384, num_stages=2)
-# Queries per step that each head dim's kernel can take, the planner's first. d64 also takes
+# Queries per step that each head dim's kernel can take, the planner's first; none of the
+# others timed yet (``scripts/tune_sm90.py --mode bwd --bwd-tile-m 64,80,128``). d64 also takes
 # 128 (FlashAttention-3's d64 tile: twice the GEMM work per step for the same per-step
-# barriers and pipeline hand-overs; ptxas spills 6 register pairs around the dQ GEMM), not yet
-# timed against 64 (``scripts/tune_sm90.py --mode bwd --bwd-tile-m 64,128``). 128 at d96 / d128
-# spills 80 / 135 register pairs: not offered.
-BACKWARD_TILE_M = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64,)}
+# barriers and pipeline hand-overs; ptxas spills 6 register pairs around the dQ GEMM); d128
+# takes 80 (FlashAttention-4's non-causal d128 tile; 80 is no multiple of WGMMA's M, so dQ is
+# computed transposed: ``FlashBackwardSm90.dq_transposed``). 128 at d96 / d128 spills 80 / 135
+# register pairs: not offered.
+BACKWARD_TILE_M = {64: (64, 128), 96: (64,), 128: (64, 80), 192: (64,), 256: (64,)}
 # Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV and dQ.
 WIDE_BACKWARD_SPLIT_DIM = {192: False, 256: True}
-BACKWARD_SMEM_SLACK = 2048  # barriers and alignment
+SMEM_ALIGN = 1024  # the backward's shared buffers start on 1024-byte boundaries (swizzles)
 # dQ rows in shared memory and in dq_accum's chunks are padded by 8 floats (32 bytes): a warp's
 # 64-bit accumulator stores then take the minimum two wavefronts (rows start 8 banks apart).
 BACKWARD_DQ_ROW_PAD = 8
+# Transposed dQ (tile_m not a multiple of 64): unpadded rows, or the 80-row d128 tile would not
+# fit in shared memory (FlashAttention-4 fits it the same way). A warp's 32-bit stores (8 dims
+# by 4 queries two apart) then meet 4-way bank conflicts; rows padded by 4 floats would put
+# them in 32 banks (FlashAttention-4 stores dQ in accumulator order and reorders it in its
+# postprocess instead).
+TRANSPOSED_DQ_ROW_PAD = 0
 WIDE_DQ_CHUNK = 64
 
 
-def backward_dq_chunks(head_dim: int) -> tuple[int, int]:
+def backward_dq_chunks(head_dim: int, tile_m: int = 64) -> tuple[int, int]:
     """(chunks, row_pad) of dq_accum for the sm90 backward. Up to d128 the two consumer
     warpgroups split dQ's columns where half the dim is whole 64- or 128-byte swizzle rows of K
     (d64, d128: a chunk each), otherwise each computes its own keys' share of every column (d96:
@@ -122,19 +130,32 @@ def backward_dq_chunks(head_dim: int) -> tuple[int, int]:
     if head_dim in WIDE_BACKWARD_SPLIT_DIM:
         return head_dim // WIDE_DQ_CHUNK, BACKWARD_DQ_ROW_PAD
     split = (head_dim // 2 * tiling.ELEM_BYTES) % 64 == 0
-    return (2 if split else 1), BACKWARD_DQ_ROW_PAD
+    pad = BACKWARD_DQ_ROW_PAD if tile_m % tiling.WARPGROUP_ROWS == 0 else TRANSPOSED_DQ_ROW_PAD
+    return (2 if split else 1), pad
 
 
 def backward_smem_bytes(head_dim: int, tile_m: int = 64) -> int:
-    """K, V (tile_n rows), two stages of Q and dO (tile_m rows), two bf16 tile_m x tile_n
-    buffers (dS^T twice, or P and dS), lse and dpsum per stage, and a padded fp32 dQ buffer per
-    consumer warpgroup for the bulk reductions."""
+    """The backward kernel's shared storage, laid out as its SharedStorage is: the barriers (in
+    the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), two stages
+    of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
+    padded fp32 dQ buffer per consumer warpgroup for the bulk reductions; then lse and dpsum
+    per stage (checked against the compiled kernels' launch sizes: equal for every offered
+    tile; d128's 80-row tile takes all 232448 bytes)."""
     tile_n, stages = BACKWARD_TILE_N[head_dim], BACKWARD_TILE["num_stages"]
-    elems = 2 * tile_n * head_dim + 2 * stages * tile_m * head_dim + 2 * tile_n * tile_m
-    chunks, row_pad = backward_dq_chunks(head_dim)
-    dq_buffer_floats = 2 * tile_m * (head_dim // chunks + row_pad)
-    fp32_bytes = (dq_buffer_floats + 2 * stages * tile_m) * 4
-    return elems * tiling.ELEM_BYTES + fp32_bytes + BACKWARD_SMEM_SLACK
+    chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
+    buffers = (
+        tile_n * head_dim * tiling.ELEM_BYTES,  # K
+        tile_n * head_dim * tiling.ELEM_BYTES,  # V
+        stages * tile_m * head_dim * tiling.ELEM_BYTES,  # Q
+        stages * tile_m * head_dim * tiling.ELEM_BYTES,  # dO
+        2 * tile_n * tile_m * tiling.ELEM_BYTES,  # P / dS
+        2 * tile_m * (head_dim // chunks + row_pad) * 4,  # dQ
+    )
+    def align(nbytes: int) -> int:
+        return -(-nbytes // SMEM_ALIGN) * SMEM_ALIGN
+
+    # The struct's size is a whole number of its largest alignment.
+    return align(SMEM_ALIGN + sum(align(nbytes) for nbytes in buffers) + 2 * stages * tile_m * 4)
 
 
 class Sm90Family(KernelFamily):
@@ -294,7 +315,7 @@ class Sm90Family(KernelFamily):
 
     def dq_accum_chunks(self, plan: KernelPlan) -> tuple[int, int]:
         if plan.kind == "backward":
-            return backward_dq_chunks(plan.head_dim)
+            return backward_dq_chunks(plan.head_dim, plan.tile_m)
         return super().dq_accum_chunks(plan)
 
     def kernel(self, plan: KernelPlan):
