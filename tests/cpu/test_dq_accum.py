@@ -59,16 +59,17 @@ def test_sm90_backward_dq_rows_pad_by_tile():
     tile fits the H200's shared memory."""
     from cuteattn.arch import arch_from_name
     from cuteattn.kernels.sm90.family import (
-        BACKWARD_TILE_M,
+        BACKWARD_TILES,
         backward_dq_chunks,
         backward_smem_bytes,
     )
 
     assert backward_dq_chunks(128) == (2, 8) and backward_dq_chunks(128, 80) == (2, 0)
     assert backward_dq_chunks(64, 128) == (2, 8) and backward_dq_chunks(96) == (1, 8)
-    assert 80 in BACKWARD_TILE_M[128]
-    for head_dim, tiles in BACKWARD_TILE_M.items():
-        for tile_m in tiles:
+    assert (80, 128, 2) in BACKWARD_TILES[128]
+    capacity = arch_from_name("sm_90a").smem_per_block
+    for head_dim, tiles in BACKWARD_TILES.items():
+        for tile_m, tile_n, stages in tiles:
             chunks, pad = backward_dq_chunks(head_dim, tile_m)
             assert (head_dim // chunks + pad) * 4 % 16 == 0
-            assert backward_smem_bytes(head_dim, tile_m) <= arch_from_name("sm_90a").smem_per_block
+            assert backward_smem_bytes(head_dim, tile_m, tile_n, stages) <= capacity

@@ -39,8 +39,8 @@ order (``kernels/common/turns.py``; causal: descending, the last key tiles dispa
 waiting for each step's additions to complete.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
-tile_m 64 (d64: or 128; d128: or 80, dQ then computed transposed; ``family.BACKWARD_TILE_M``),
-tile_n 128 (two consumer warpgroups), Q / dO stages 2.
+tile_m 64 (d64: or 128; d128: or 80, dQ then computed transposed), tile_n 128 (two consumer
+warpgroups), Q / dO stages 2 (``family.BACKWARD_TILES``).
 """
 
 import enum

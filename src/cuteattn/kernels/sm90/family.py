@@ -92,21 +92,25 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
     return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
 
 
-# The backward: 64 queries per step, two Q / dO stages, two consumer warpgroups. Head dims up to
-# 128 (kernels/sm90/backward.py): 128 keys per CTA, 64 per warpgroup with their dK and dV rows
-# in registers. 192 and 256 (kernels/sm90/backward_wide.py): dK^T and dV^T with head_dim along
-# WGMMA's M, 64 / 48 keys per CTA (the largest that fit shared memory).
-BACKWARD_TILE_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 48}
-BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILE_N)
-BACKWARD_TILE = dict(num_threads=384, num_stages=2)
-# Queries per step that each head dim's kernel can take, the planner's first; none of the
-# others timed yet (``scripts/tune_sm90.py --mode bwd --bwd-tile-m 64,80,128``). d64 also takes
-# 128 (FlashAttention-3's d64 tile: twice the GEMM work per step for the same per-step
-# barriers and pipeline hand-overs; ptxas spills 6 register pairs around the dQ GEMM); d128
-# takes 80 (FlashAttention-4's non-causal d128 tile; 80 is no multiple of WGMMA's M, so dQ is
-# computed transposed: ``FlashBackwardSm90.dq_transposed``). 128 at d96 / d128 spills 80 / 135
-# register pairs: not offered.
-BACKWARD_TILE_M = {64: (64, 128), 96: (64,), 128: (64, 80), 192: (64,), 256: (64,)}
+# The backward's tiles per head dim, (tile_m, tile_n, Q / dO stages), the planner's first; two
+# consumer warpgroups. Head dims up to 128 (kernels/sm90/backward.py): 128 keys per CTA, 64 per
+# warpgroup with their dK and dV rows in registers. 192 and 256 (kernels/sm90/backward_wide.py):
+# dK^T and dV^T with head_dim along WGMMA's M, 64 / 48 keys per CTA (the largest that fit shared
+# memory with two stages). The others are candidates not yet timed against the first
+# (``scripts/tune_sm90.py --mode bwd``), each FlashAttention-3/4's choice there: d64 128 x 128
+# (twice the GEMM work per step for the same per-step barriers and hand-overs); d128 80 x 128
+# (80 is no multiple of WGMMA's M: dQ computed transposed, ``FlashBackwardSm90.dq_transposed``);
+# d256 64 x 64 with one Q / dO stage. None spills (ptxas); 128 query rows at d96 / d128 would
+# spill 80 / 135 register pairs.
+BACKWARD_TILES = {
+    64: ((64, 128, 2), (128, 128, 2)),
+    96: ((64, 128, 2),),
+    128: ((64, 128, 2), (80, 128, 2)),
+    192: ((64, 64, 2),),
+    256: ((64, 48, 2), (64, 64, 1)),
+}
+BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILES)
+BACKWARD_THREADS = 384
 # Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV and dQ.
 WIDE_BACKWARD_SPLIT_DIM = {192: False, 256: True}
 SMEM_ALIGN = 1024  # the backward's shared buffers start on 1024-byte boundaries (swizzles)
@@ -134,14 +138,13 @@ def backward_dq_chunks(head_dim: int, tile_m: int = 64) -> tuple[int, int]:
     return (2 if split else 1), pad
 
 
-def backward_smem_bytes(head_dim: int, tile_m: int = 64) -> int:
+def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) -> int:
     """The backward kernel's shared storage, laid out as its SharedStorage is: the barriers (in
     the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), two stages
     of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
     padded fp32 dQ buffer per consumer warpgroup for the bulk reductions; then lse and dpsum
     per stage (checked against the compiled kernels' launch sizes: equal for every offered
     tile; d128's 80-row tile takes all 232448 bytes)."""
-    tile_n, stages = BACKWARD_TILE_N[head_dim], BACKWARD_TILE["num_stages"]
     chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
     buffers = (
         tile_n * head_dim * tiling.ELEM_BYTES,  # K
@@ -246,10 +249,10 @@ class Sm90Family(KernelFamily):
             KernelPlan(
                 family=self.name, arch=problem.arch.name, dtype=problem.dtype,
                 head_dim=head_dim, causal=problem.causal,
-                tile_m=tile_m, tile_n=BACKWARD_TILE_N[head_dim], **BACKWARD_TILE,
-                options=options, kind="backward",
+                tile_m=tile_m, tile_n=tile_n, num_threads=BACKWARD_THREADS,
+                num_stages=stages, options=options, kind="backward",
             )
-            for tile_m in BACKWARD_TILE_M[head_dim]
+            for tile_m, tile_n, stages in BACKWARD_TILES[head_dim]
         )
 
     def representative_problems(
@@ -277,10 +280,11 @@ class Sm90Family(KernelFamily):
                 and len(family_options(plan)) == 1
                 and isinstance(plan.option("deterministic"), bool)
                 and features_well_formed(plan)
-                and all(getattr(plan, name) == value for name, value in BACKWARD_TILE.items())
-                and plan.tile_m in BACKWARD_TILE_M[plan.head_dim]
-                and plan.tile_n == BACKWARD_TILE_N[plan.head_dim]
-                and backward_smem_bytes(plan.head_dim, plan.tile_m) <= arch.smem_per_block
+                and plan.num_threads == BACKWARD_THREADS
+                and (plan.tile_m, plan.tile_n, plan.num_stages) in BACKWARD_TILES[plan.head_dim]
+                and backward_smem_bytes(
+                    plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages
+                ) <= arch.smem_per_block
             )
         names = tuple(name for name, _ in family_options(plan))
         return (
