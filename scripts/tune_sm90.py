@@ -16,7 +16,7 @@ forced on this GPU; ``--bwd-tile-m`` picks their query tiles; default: every one
 each run through ``cuteattn.api.backward(plan=)`` on one forward's out and lse, against the
 peers' backward through autograd (and SDPA's flash backward, sm80's peer):
 
-    python scripts/tune_sm90.py --mode bwd --dims 64,128 --bwd-tile-m 64,80,128
+    python scripts/tune_sm90.py --mode bwd --dims 256
     python scripts/tune_sm90.py --mode bwd --family sm80 --dims 64
 """
 
@@ -155,15 +155,22 @@ def plan_binder(plan: KernelPlan):
     return bind
 
 
-def shape_line(shape: Shape, result: ShapeResult, names, planner: str) -> str:
+def shape_line(shape: Shape, result: ShapeResult, names, planner: str, peers=PEERS) -> str:
+    """The row's TFLOP/s per name, the fastest candidate (a name not in ``peers``) against the
+    faster of fa4 and cuDNN, and against each other peer that ran (sdpa-flash: sm80's), and the
+    planner's choice."""
     measured = ", ".join(f"{name} {result.tflops(name):.1f}" for name in names if name in result.ms_by_backend)
     seqlens = f"s{shape.seqlen}" + (f"/{shape.seqlen_k}" if shape.seqlen_k != shape.seqlen else "")
     line = f"d{shape.dim} {seqlens} causal={shape.causal} heads={shape.heads}/{shape.heads_kv}: {measured or 'nothing ran'}"
-    timed = [name for name in names if name in result.ms_by_backend and name not in PEERS]
+    timed = [name for name in names if name in result.ms_by_backend and name not in peers]
     if timed:
         best = min(timed, key=result.ms_by_backend.__getitem__)
         ratio = best_peer_ratio(result, subject=best)
         versus = "no peer" if ratio is None else f"{ratio.value:.2f}x {ratio.peer}"
+        for other in (peer for peer in peers if peer not in PEERS):
+            extra = best_peer_ratio(result, peers=(other,), subject=best)
+            if extra is not None:
+                versus += f", {extra.value:.2f}x {extra.peer}"
         line += f" | best {best}: {versus}"
     return line + f" | planner {planner}"
 
@@ -230,7 +237,9 @@ def main(argv=None) -> int:
 
 
 def tune_backward(args, shapes, arch, peers) -> int:
+    peer_names = PEERS
     if args.family == "sm80":
+        peer_names = PEERS + ("sdpa-flash",)
         peers = peers | load_available(["sdpa-flash"])
     peers = {name: backward_binder(bind) for name, bind in peers.items()}
     for shape in shapes:
@@ -244,7 +253,7 @@ def tune_backward(args, shapes, arch, peers) -> int:
             flops_factor=BACKWARD_FLOPS_FACTOR,
         )
         planner = planner_choice(arch, shape, args.dtype, "bwd", args.family)
-        print(shape_line(shape, result, list(binders), planner), flush=True)
+        print(shape_line(shape, result, list(binders), planner, peer_names), flush=True)
     return 0
 
 

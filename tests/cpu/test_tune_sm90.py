@@ -59,21 +59,21 @@ def test_planner_choice_is_named_like_a_candidate(tune):
 
 
 def test_backward_candidates_are_the_family_offers(tune):
-    """--mode bwd: every sm90 backward plan the family offers for the head dim (d64: 64- and
-    128-row query tiles), or those --bwd-tile-m names; the planner's is one of them."""
-    shape = Shape(dim=64, seqlen=4096, causal=True, batch=8, heads=32)
-    plans = tune.backward_candidates(HOPPER, shape, "bf16")
-    assert list(plans) == ["bwd-64x128", "bwd-128x128"]
+    """--mode bwd: every backward plan the family offers for the head dim (sm90 d256: 64 x 48
+    and 64 x 64; sm80 d64: 64 x 128 and 128 x 128), or those --bwd-tile-m names; the planner's
+    is one of them."""
+    wide = Shape(dim=256, seqlen=4096, causal=True, batch=8, heads=8)
+    plans = tune.backward_candidates(HOPPER, wide, "bf16")
+    assert list(plans) == ["bwd-64x48", "bwd-64x64"]
     assert all(plan.kind == "backward" and plan.causal for plan in plans.values())
-    assert list(tune.backward_candidates(HOPPER, shape, "bf16", [128])) == ["bwd-128x128"]
-    assert tune.planner_choice(HOPPER, shape, "bf16", "bwd") in plans
-    d128 = Shape(dim=128, seqlen=4096, causal=False, batch=8, heads=16)
-    assert list(tune.backward_candidates(HOPPER, d128, "bf16")) == ["bwd-64x128", "bwd-80x128"]
-    wide = Shape(dim=256, seqlen=4096, causal=False, batch=8, heads=8)
-    assert list(tune.backward_candidates(HOPPER, wide, "bf16")) == ["bwd-64x48", "bwd-64x64"]
+    assert tune.planner_choice(HOPPER, wide, "bf16", "bwd") == "bwd-64x48"
+    shape = Shape(dim=64, seqlen=4096, causal=True, batch=8, heads=32)
+    assert list(tune.backward_candidates(HOPPER, shape, "bf16")) == ["bwd-64x128"]
     sm80 = tune.backward_candidates(HOPPER, shape, "bf16", family="sm80")
     assert list(sm80) == ["bwd-64x128-sm80", "bwd-128x128-sm80"]
+    assert list(tune.backward_candidates(HOPPER, shape, "bf16", [128], "sm80")) == ["bwd-128x128-sm80"]
     assert tune.planner_choice(HOPPER, shape, "bf16", "bwd", "sm80") == "bwd-64x128-sm80"
+
 
 def test_shape_line_names_the_best_candidate_against_the_faster_peer(tune):
     shape = Shape(dim=256, seqlen=1024, causal=False, batch=32, heads=8)
@@ -85,6 +85,11 @@ def test_shape_line_names_the_best_candidate_against_the_faster_peer(tune):
         f"128x64x2-single {t['128x64x2-single']}, fa4 {t['fa4']}, sdpa-cudnn {t['sdpa-cudnn']}"
         " | best 128x64x2-single: 1.25x sdpa-cudnn | planner 128x80x2-single"
     )
+    sm80 = ShapeResult(shape, {"bwd-64x128-sm80": 1.0, "fa4": 0.5, "sdpa-flash": 1.1})
+    sm80_names = ["bwd-64x128-sm80", "fa4", "sdpa-flash"]
+    peers = ("fa4", "sdpa-cudnn", "sdpa-flash")
+    line = tune.shape_line(shape, sm80, sm80_names, "bwd-64x128-sm80", peers)
+    assert line.endswith("| best bwd-64x128-sm80: 0.50x fa4, 1.10x sdpa-flash | planner bwd-64x128-sm80")
     no_peer = ShapeResult(shape, {"128x80x2-single": 1.0})
     assert tune.shape_line(shape, no_peer, names, "n/a").endswith("| best 128x80x2-single: no peer | planner n/a")
 

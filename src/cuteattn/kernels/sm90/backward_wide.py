@@ -8,18 +8,16 @@ alone. This variant turns the GEMMs around (as FlashAttention-3 does for large h
     consumer warpgroups splitting the keys; P, dS per query row (lse, dpsum per row).
   - P and dS go to shared memory (one buffer each), and dV^T += dO^T P, dK^T += Q^T dS run with
     head_dim along M, every operand in shared memory: d256 splits head_dim between the
-    warpgroups (64-row blocks taken in turn: 0-63 and 128-191, 64-127 and 192-255, over all 48
-    keys), d192 (96 is not whole 64-row WGMMA atoms) splits the keys (32 each, over all 192
+    warpgroups (64-row blocks taken in turn: 0-63 and 128-191, 64-127 and 192-255, over all the
+    tile's keys), d192 (96 is not whole 64-row WGMMA atoms) splits the keys (32 each, over all 192
     dims).
   - dQ = dS K in 64-column chunks (passes), handed to warp 1's bulk reductions one chunk at a
     time: d256 splits the chunks (two per warpgroup), d192 has each warpgroup add its keys'
     share of all three chunks.
 
 Everything else (producer, dQ writer warp, dq_accum layout, deterministic turns) is the narrow
-kernel's. Tiles: d256 64 x 48 (K, V, two Q and dO stages, P, dS and the dQ buffers fill 227 KB),
-d192 64 x 64.
-
-NOT YET RUN ON A GPU (written and compiled on a CPU): the next session tests it.
+kernel's. Tiles (``family.BACKWARD_TILES``): d256 64 x 48 (K, V, two Q and dO stages, P, dS
+and the dQ buffers fill 227 KB) or 64 x 64 with one Q and dO stage, d192 64 x 64.
 """
 
 import cutlass
@@ -69,8 +67,9 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         """P and dS, (queries, keys), keys contiguous: dS is dQ's K-major A operand, and both
         are read as (keys, queries) MN-major B operands of dV^T and dK^T, a warpgroup's keys at
         a time where the keys are split. The swizzle atom is sized to one warpgroup's keys so
-        that its share starts on an atom: d192 32 keys, 64-byte swizzle; d256 24 keys (not a
-        whole 16-key 32-byte atom), no swizzle (8-column interleaved atoms)."""
+        that its share starts on an atom: 32 keys (d192, d256's 64-key tile), 64-byte swizzle;
+        24 (d256's 48-key tile: not a whole 16-key 32-byte atom), no swizzle (8-column
+        interleaved atoms)."""
         keys_per_wg = self.tile_n // NUM_CONSUMER_WGS
         atom = warpgroup.make_smem_layout_atom(
             hopper.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, keys_per_wg),

@@ -96,16 +96,14 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
 # consumer warpgroups. Head dims up to 128 (kernels/sm90/backward.py): 128 keys per CTA, 64 per
 # warpgroup with their dK and dV rows in registers. 192 and 256 (kernels/sm90/backward_wide.py):
 # dK^T and dV^T with head_dim along WGMMA's M, 64 / 48 keys per CTA (the largest that fit shared
-# memory with two stages). The others are candidates not yet timed against the first
-# (``scripts/tune_sm90.py --mode bwd``), each FlashAttention-3/4's choice there: d64 128 x 128
-# (twice the GEMM work per step for the same per-step barriers and hand-overs); d128 80 x 128
-# (80 is no multiple of WGMMA's M: dQ computed transposed, ``FlashBackwardSm90.dq_transposed``);
-# d256 64 x 64 with one Q / dO stage. None spills (ptxas); 128 query rows at d96 / d128 would
-# spill 80 / 135 register pairs.
+# memory with two stages). d256 also offers FlashAttention-4's 64 x 64 with one Q / dO stage
+# (no spills), not yet timed against the first (``scripts/tune_sm90.py --mode bwd``). Taller
+# query tiles (d64 128, d128 80: wip/bwd-tall-tiles.diff) make ptxas serialise every WGMMA
+# (C7512, too few registers) in this kernel.
 BACKWARD_TILES = {
-    64: ((64, 128, 2), (128, 128, 2)),
+    64: ((64, 128, 2),),
     96: ((64, 128, 2),),
-    128: ((64, 128, 2), (80, 128, 2)),
+    128: ((64, 128, 2),),
     192: ((64, 64, 2),),
     256: ((64, 48, 2), (64, 64, 1)),
 }
@@ -117,16 +115,10 @@ SMEM_ALIGN = 1024  # the backward's shared buffers start on 1024-byte boundaries
 # dQ rows in shared memory and in dq_accum's chunks are padded by 8 floats (32 bytes): a warp's
 # 64-bit accumulator stores then take the minimum two wavefronts (rows start 8 banks apart).
 BACKWARD_DQ_ROW_PAD = 8
-# Transposed dQ (tile_m not a multiple of 64): unpadded rows, or the 80-row d128 tile would not
-# fit in shared memory (FlashAttention-4 fits it the same way). A warp's 32-bit stores (8 dims
-# by 4 queries two apart) then meet 4-way bank conflicts; rows padded by 4 floats would put
-# them in 32 banks (FlashAttention-4 stores dQ in accumulator order and reorders it in its
-# postprocess instead).
-TRANSPOSED_DQ_ROW_PAD = 0
 WIDE_DQ_CHUNK = 64
 
 
-def backward_dq_chunks(head_dim: int, tile_m: int = 64) -> tuple[int, int]:
+def backward_dq_chunks(head_dim: int) -> tuple[int, int]:
     """(chunks, row_pad) of dq_accum for the sm90 backward. Up to d128 the two consumer
     warpgroups split dQ's columns where half the dim is whole 64- or 128-byte swizzle rows of K
     (d64, d128: a chunk each), otherwise each computes its own keys' share of every column (d96:
@@ -134,8 +126,7 @@ def backward_dq_chunks(head_dim: int, tile_m: int = 64) -> tuple[int, int]:
     if head_dim in WIDE_BACKWARD_SPLIT_DIM:
         return head_dim // WIDE_DQ_CHUNK, BACKWARD_DQ_ROW_PAD
     split = (head_dim // 2 * tiling.ELEM_BYTES) % 64 == 0
-    pad = BACKWARD_DQ_ROW_PAD if tile_m % tiling.WARPGROUP_ROWS == 0 else TRANSPOSED_DQ_ROW_PAD
-    return (2 if split else 1), pad
+    return (2 if split else 1), BACKWARD_DQ_ROW_PAD
 
 
 def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) -> int:
@@ -144,8 +135,8 @@ def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) ->
     of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
     padded fp32 dQ buffer per consumer warpgroup for the bulk reductions; then lse and dpsum
     per stage (checked against the compiled kernels' launch sizes: equal for every offered
-    tile; d128's 80-row tile takes all 232448 bytes)."""
-    chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
+    tile)."""
+    chunks, row_pad = backward_dq_chunks(head_dim)
     buffers = (
         tile_n * head_dim * tiling.ELEM_BYTES,  # K
         tile_n * head_dim * tiling.ELEM_BYTES,  # V
@@ -319,7 +310,7 @@ class Sm90Family(KernelFamily):
 
     def dq_accum_chunks(self, plan: KernelPlan) -> tuple[int, int]:
         if plan.kind == "backward":
-            return backward_dq_chunks(plan.head_dim, plan.tile_m)
+            return backward_dq_chunks(plan.head_dim)
         return super().dq_accum_chunks(plan)
 
     def kernel(self, plan: KernelPlan):
