@@ -191,6 +191,24 @@ class KernelFamily(abc.ABC):
         kernel's grid, and single-tile kernels ignore it.
         """
 
+    @staticmethod
+    def kernel_shape(plan: KernelPlan) -> dict:
+        """The fields every kernel class takes from a plan (``kernels/common/kernel_base.py``'s
+        ``AttentionKernel``): a family's ``kernel`` adds its own."""
+        from cuteattn.kernels.common.compile_args import dsl_dtype
+
+        return dict(
+            dtype=dsl_dtype(plan.dtype),
+            head_dim=plan.head_dim,
+            tile_m=plan.tile_m,
+            tile_n=plan.tile_n,
+            causal=plan.causal,
+            softcap=plan.option("softcap", 0.0),
+            window=plan.option("window"),
+            varlen=plan.option("varlen", False),
+            head_dim_v=plan.option("dim_v"),
+        )
+
     def fake_forward_args(self, plan: KernelPlan) -> tuple:
         """``compile_args.fake_forward_args``: the fake DSL arguments to compile ``plan``'s
         forward kernel with."""

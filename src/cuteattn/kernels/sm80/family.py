@@ -119,20 +119,8 @@ class Sm80Family(KernelFamily):
         )
 
     def kernel(self, plan: KernelPlan):
-        from cuteattn.kernels.common.compile_args import dsl_dtype
-
         sizes = dict(
-            dtype=dsl_dtype(plan.dtype),
-            head_dim=plan.head_dim,
-            tile_m=plan.tile_m,
-            tile_n=plan.tile_n,
-            num_threads=plan.num_threads,
-            causal=plan.causal,
-            softcap=plan.option("softcap", 0.0),
-            window=plan.option("window"),
-            varlen=plan.option("varlen", False),
-            input_dim=plan.option("dim"),
-            head_dim_v=plan.option("dim_v"),
+            self.kernel_shape(plan), num_threads=plan.num_threads, input_dim=plan.option("dim")
         )
         if plan.kind == "forward":
             from cuteattn.kernels.sm80.forward import FlashForwardSm80

@@ -314,20 +314,7 @@ class Sm90Family(KernelFamily):
         return super().dq_accum_chunks(plan)
 
     def kernel(self, plan: KernelPlan):
-        from cuteattn.kernels.common.compile_args import dsl_dtype
-
-        sizes = dict(
-            dtype=dsl_dtype(plan.dtype),
-            head_dim=plan.head_dim,
-            tile_m=plan.tile_m,
-            tile_n=plan.tile_n,
-            num_stages=plan.num_stages,
-            causal=plan.causal,
-            softcap=plan.option("softcap", 0.0),
-            window=plan.option("window"),
-            varlen=plan.option("varlen", False),
-            head_dim_v=plan.option("dim_v"),
-        )
+        sizes = dict(self.kernel_shape(plan), num_stages=plan.num_stages)
         if plan.kind == "backward":
             if plan.head_dim in WIDE_BACKWARD_SPLIT_DIM:
                 from cuteattn.kernels.sm90.backward_wide import (
