@@ -1,5 +1,7 @@
-"""A probe kernel for tile schedulers: each work tile a CTA gets adds 1 to visits[m_block, head,
-batch]. Compiled on the CPU (tests/cpu) and run on the GPU (tests/gpu)."""
+"""Probe kernels for tile schedulers, compiled on the CPU (tests/cpu) and run on the GPU
+(tests/gpu): each work tile a CTA gets adds 1 to visits[m_block, head, batch]
+(``compile_visit_counter``); the varlen scheduler's CTAs write the work tile they decode
+(``compile_varlen_decoder``)."""
 
 import cutlass
 import cutlass.cute as cute
@@ -11,6 +13,8 @@ from cuteattn.kernels.common.tile_scheduler import (
     LinearTileScheduler,
     SingleTileScheduler,
     TileCounts,
+    VarlenTileScheduler,
+    make_varlen_tile_counts,
 )
 
 TILE_M = 64
@@ -67,3 +71,46 @@ def compile_visit_counter(
     if dump_dir is not None:
         options += f" --keep-ptx --dump-dir {dump_dir}"
     return cute.compile(VisitCounter(), visits, Int32(1), Int32(1), stream, options=options)
+
+
+def compile_varlen_decoder(*, tile: int, longest_first: bool, arch="sm_90a", dump_dir=None):
+    """fn(cu_seqlens, total_rows, max_length, num_heads, tiles): cu_seqlens int32 (batches + 1,);
+    tiles an int32 (grid, 4) tensor, grid = ``VarlenTileScheduler.grid_shape``'s x for these
+    counts; CTA i writes (m_block, head, batch, is_valid) of its work tile to row i."""
+
+    class VarlenDecoder:
+        @cute.jit
+        def __call__(
+            self, cu_seqlens: cute.Tensor, total_rows: Int32, max_length: Int32,
+            num_heads: Int32, tiles: cute.Tensor, stream,
+        ):
+            counts = make_varlen_tile_counts(
+                total_rows=total_rows, max_length=max_length, tile=tile, num_heads=num_heads,
+                num_batches=cu_seqlens.shape[0] - 1,
+            )
+            grid = VarlenTileScheduler.grid_shape(counts)
+            self.kernel(cu_seqlens, tiles, counts).launch(grid=grid, block=[32, 1, 1], stream=stream)
+
+        @cute.kernel
+        def kernel(self, cu_seqlens: cute.Tensor, tiles: cute.Tensor, counts):
+            tidx, _, _ = cute.arch.thread_idx()
+            cta, _, _ = cute.arch.block_idx()
+            work = VarlenTileScheduler.create(
+                counts, cu_seqlens, tile=tile, longest_first=longest_first
+            ).initial_work_tile()
+            if tidx == 0:
+                tiles[cta, 0] = work.m_block
+                tiles[cta, 1] = work.head
+                tiles[cta, 2] = work.batch
+                tiles[cta, 3] = Int32(work.is_valid)
+
+    cu_seqlens = make_fake_tensor(Int32, (cute.sym_int(),), (1,))
+    tiles = make_fake_tensor(Int32, (cute.sym_int(), 4), (4, 1))
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    options = f"--enable-tvm-ffi --gpu-arch {arch}"
+    if dump_dir is not None:
+        options += f" --keep-ptx --dump-dir {dump_dir}"
+    return cute.compile(
+        VarlenDecoder(), cu_seqlens, Int32(1), Int32(1), Int32(1), tiles, stream,
+        options=options,
+    )

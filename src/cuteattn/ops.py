@@ -527,7 +527,8 @@ def padded_rows(total_q: int, num_seqs: int, tile_m: int) -> int:
 
 def varlen_dq_rows(cu_seqlens_q: torch.Tensor, total_q: int, tile_m: int) -> torch.Tensor:
     """For each packed query row, its row in the per-row buffers (int64, on the GPU, no host
-    sync); rows past cu_seqlens_q[-1] map to a row that is never written (-1)."""
+    sync). Rows past cu_seqlens_q[-1] map to the buffers' last row, which no sequence's tiles
+    reach (they end before row cu_seqlens_q[-1] + num_seqs * tile_m - 1): it stays zero."""
     num_seqs = cu_seqlens_q.shape[0] - 1
     starts = cu_seqlens_q[:-1].long()
     slack = torch.arange(num_seqs, device=cu_seqlens_q.device) * tile_m
@@ -536,7 +537,29 @@ def varlen_dq_rows(cu_seqlens_q: torch.Tensor, total_q: int, tile_m: int) -> tor
     sequence = torch.searchsorted(cu_seqlens_q[1:].long(), rows, right=True)
     covered = sequence < num_seqs
     sequence = sequence.clamp(max=max(num_seqs - 1, 0))
-    return torch.where(covered, rows + (padded - starts)[sequence], -1)
+    never_written = padded_rows(total_q, num_seqs, tile_m) - 1
+    return torch.where(covered, rows + (padded - starts)[sequence], never_written)
+
+
+def varlen_dq_from_accum(
+    dq_accum: torch.Tensor, index: torch.Tensor, softmax_scale: float, dq: torch.Tensor,
+    kernel_dim: int,
+) -> torch.Tensor:
+    """The varlen postprocess: dq (total_q, heads_q, dim) = softmax_scale * the rows ``index``
+    (``varlen_dq_rows``) of the accumulator (1, heads_q, chunks, rows, chunk dim + pad), cast to
+    dq's dtype. Two passes: one fp32 gather into row-major order, then the scaled cast (the
+    kernel's columns past dq's, of a padded head dim, dropped)."""
+    total_q, heads_q, dim = dq.shape
+    chunks = dq_accum.shape[2]
+    chunk_dim = kernel_dim // chunks
+    # (rows, heads, chunks, chunk_dim) view; the gather copies whole chunk rows.
+    by_row = dq_accum[0, :, :, :, :chunk_dim].permute(2, 0, 1, 3)
+    gathered = by_row.index_select(0, index)  # (total_q, heads, chunks, chunk_dim), contiguous
+    if kernel_dim != dim:
+        torch.mul(gathered.flatten(-2)[..., :dim], softmax_scale, out=dq)
+    else:
+        torch.mul(gathered, softmax_scale, out=dq.view(total_q, heads_q, chunks, chunk_dim))
+    return dq
 
 
 def launch_varlen_backward(
@@ -578,19 +601,11 @@ def launch_varlen_backward(
             q4, k4, v4, dout4, lse_log2, dpsum, dq_accum, dk.unsqueeze(0), dv.unsqueeze(0),
             semaphore, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_k, softmax_scale,
         )
-        # dq: each packed row from its sequence's rows of the accumulator (one gather).
-        index = varlen_dq_rows(cu_seqlens_q, total_q, plan.tile_m)
-        chunk_dim = plan.head_dim // chunks
-        accumulated = dq_accum[0, :, :, :, :chunk_dim]  # (heads, chunks, rows, chunk_dim)
-        # One fp32 copy (the gather), scaled and cleared in place, then one cast into dq.
-        gathered = accumulated.index_select(2, index.clamp(min=0))
-        gathered.mul_(softmax_scale).masked_fill_((index < 0).view(1, 1, -1, 1), 0.0)
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        rows_major = gathered.permute(2, 0, 1, 3)  # (total_q, heads, chunks, chunk_dim)
-        if plan.head_dim != dim:  # a padded head dim: the kernel's columns past q's dropped
-            dq.copy_(rows_major.flatten(-2)[..., :dim])
-        else:
-            dq.view(total_q, heads_q, chunks, chunk_dim).copy_(rows_major)
+        # dq: each packed row from its sequence's rows of the accumulator.
+        dq = varlen_dq_from_accum(
+            dq_accum, varlen_dq_rows(cu_seqlens_q, total_q, plan.tile_m), softmax_scale,
+            torch.empty(q.shape, dtype=q.dtype, device=q.device), plan.head_dim,
+        )
     return dq, dk, dv
 
 

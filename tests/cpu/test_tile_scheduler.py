@@ -5,14 +5,17 @@ import itertools
 import re
 
 import pytest
-from scheduler_probe import compile_visit_counter
+from scheduler_probe import compile_varlen_decoder, compile_visit_counter
 
 from cuteattn.kernels.common.tile_scheduler import (
     LinearTileCounts,
     LinearTileScheduler,
     SingleTileScheduler,
     TileCounts,
+    VarlenTileCounts,
+    VarlenTileScheduler,
     decode_linear_tile,
+    varlen_tile_order,
 )
 
 # (m_blocks, heads, batches, heads_per_section); the comment says how the pairs split.
@@ -126,3 +129,50 @@ def _has_backward_branch(ptx_body: str) -> bool:
         if target and target.group(1) in seen:
             return True
     return False
+
+
+# (lengths, tile, heads): zero-length sequences, one tile, more than a warp's 32 sequences.
+VARLEN_CASES = [
+    ([5, 0, 130, 64, 1], 64, 3),
+    ([0, 0, 7], 128, 1),
+    ([1] * 40 + [300] + [0] * 30, 64, 2),
+]
+
+
+@pytest.mark.parametrize("longest_first", (False, True))
+@pytest.mark.parametrize("lengths,tile,heads", VARLEN_CASES)
+def test_varlen_tile_order_covers_each_sequence_tile_once_within_the_bound(
+    lengths, tile, heads, longest_first
+):
+    """Every (tile, head) of every sequence once, sequence by sequence, heads in turn, tiles
+    fastest (from the last down if longest first); the grid's bound holds them all."""
+    order = varlen_tile_order(lengths, tile, heads, longest_first)
+    expected = {
+        (block, head, batch)
+        for batch, length in enumerate(lengths)
+        for head in range(heads)
+        for block in range(-(-length // tile))
+    }
+    assert set(order) == expected and len(order) == len(expected)
+    assert [batch for _, _, batch in order] == sorted(batch for _, _, batch in order)
+    for batch, length in enumerate(lengths):
+        mine = [(block, head) for block, head, b in order if b == batch]
+        tiles = -(-length // tile)
+        blocks = list(range(tiles))[::-1] if longest_first else list(range(tiles))
+        assert mine == [(block, head) for head in range(heads) for block in blocks]
+    loose = (sum(lengths) + len(lengths) * (tile - 1)) // tile
+    bound = min(loose, len(lengths) * -(-max(lengths) // tile))
+    assert len(order) <= bound * heads
+    counts = VarlenTileCounts(num_tiles_bound=bound, num_heads=heads, num_batches=len(lengths))
+    assert VarlenTileScheduler.grid_shape(counts) == (bound * heads, 1, 1)
+    with pytest.raises(ValueError, match="one tile per CTA"):
+        VarlenTileScheduler.grid_shape(counts, persistent=True, max_ctas=132)
+
+
+@pytest.mark.parametrize("longest_first", (False, True))
+def test_varlen_decoder_compiles_to_one_warp_scan(longest_first, tmp_path):
+    """The decode is a loop of warp scans (shfl.up, ballot), 32 sequences a pass."""
+    fn = compile_varlen_decoder(tile=64, longest_first=longest_first, dump_dir=tmp_path)
+    body = fn.__ptx__.split(".entry", 1)[1]
+    assert body.count("shfl.sync.up") == 5 and "vote.sync.ballot" in body
+    assert _has_backward_branch(body)

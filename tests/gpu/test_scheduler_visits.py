@@ -52,3 +52,49 @@ def _compiled(scheduler_cls, persistent, longest_first, arch, compile_visit_coun
             scheduler_cls, persistent=persistent, longest_first=longest_first, arch=arch
         )
     return _cache[key]
+
+
+# Zero-length sequences, one tile, more sequences than a warp's 32 (the scan takes passes), and
+# lengths summing to a multiple of the tile (the bound is then tight for one sequence).
+VARLEN_LENGTHS = [
+    [5, 0, 130, 64, 1],
+    [0, 0, 7],
+    [1] * 40 + [300] + [0] * 30 + [129],
+    [256],
+]
+
+
+@pytest.mark.parametrize("longest_first", (False, True))
+@pytest.mark.parametrize("tile", (64, 128))
+@pytest.mark.parametrize("heads", (1, 3))
+@pytest.mark.parametrize("lengths", VARLEN_LENGTHS, ids=lambda lengths: f"{len(lengths)}seqs")
+def test_varlen_scheduler_decodes_the_tile_order(lengths, heads, tile, longest_first):
+    """CTA i decodes the i-th work tile of ``varlen_tile_order``; the CTAs past the last one
+    get the tile just past the last sequence's end, head 0, flagged invalid. The packed tensor
+    may hold rows past the last sequence; the grid is the smaller of the two bounds
+    (``make_varlen_tile_counts``), the longest sequence's passed as given or larger."""
+    import itertools
+
+    from scheduler_probe import compile_varlen_decoder
+
+    from cuteattn.kernels.common.tile_scheduler import varlen_tile_order
+    from cuteattn.runtime.arch import device_arch
+
+    key = ("varlen", tile, longest_first)
+    if key not in _cache:
+        arch = device_arch(torch.device("cuda")).name
+        _cache[key] = compile_varlen_decoder(tile=tile, longest_first=longest_first, arch=arch)
+    total_rows = sum(lengths) + 3
+    order = varlen_tile_order(lengths, tile, heads, longest_first)
+    for max_length in (max(lengths), max(lengths) + 2 * tile):
+        loose = (total_rows + len(lengths) * (tile - 1)) // tile
+        bound = min(loose, len(lengths) * -(-max_length // tile))
+        assert bound * heads >= len(order)
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+        tiles = torch.full((bound * heads, 4), -7, dtype=torch.int32, device="cuda")
+        _cache[key](cu, total_rows, max_length, heads, tiles)
+        torch.cuda.synchronize()
+        got = [tuple(row) for row in tiles.tolist()]
+        assert got[: len(order)] == [(*work, 1) for work in order]
+        past = (-(-lengths[-1] // tile), 0, len(lengths) - 1, 0)
+        assert got[len(order):] == [past] * (len(got) - len(order))

@@ -195,3 +195,34 @@ def test_varlen_ignores_what_lies_past_the_sequences(family, head_dim, causal):
     grads = [leaves[0].grad[:rows_q], leaves[1].grad[:rows_k], leaves[2].grad[:rows_k]]
     want_shapes = [clean[0][:rows_q], clean[1][:rows_k], clean[2][:rows_k]]
     assert_grads_close(grads, *want_shapes, clean[3][:rows_q], **options)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varlen_many_sequences(family):
+    """70 sequences (empty ones among them): more than one warp's 32 per pass of the sm90
+    kernels' tile scan; forward and the deterministic causal backward against the reference,
+    with max_seqlen passed larger than the longest (the grid's bound is then the packed rows')."""
+    import cuteattn
+    from cuteattn.reference import attention
+    from cuteattn.testing import assert_close_to_reference, assert_grads_close
+
+    skip_unless_family_runs(family)
+    lengths_q, lengths_k = _batch(70, 70, 200)
+    q = torch.randn(sum(lengths_q), 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths_k), 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    cu_q, cu_k = _cumulative(lengths_q), _cumulative(lengths_k)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out, lse = cuteattn.flash_attn_varlen_func(
+        *leaves, cu_q, cu_k, max(lengths_q) + 300, max(lengths_k) + 300, causal=True,
+        deterministic=True, return_lse=True, family=family,
+    )
+    out.backward(dout)
+    torch.cuda.synchronize()
+    kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    out_ref, lse_ref = attention(q, k, v, **kwargs)
+    out_pt, lse_pt = attention(q, k, v, upcast=False, **kwargs)
+    assert_close_to_reference("out", out.detach(), out_ref, out_pt)
+    assert_close_to_reference("lse", lse.detach(), lse_ref, lse_pt)
+    assert_grads_close([x.grad for x in leaves], q, k, v, dout, **kwargs)

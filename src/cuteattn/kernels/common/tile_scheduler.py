@@ -34,6 +34,17 @@ CTA's index is its tile. Persistent: grid (min(max_ctas, tiles), 1, 1), each CTA
 grid_dim-th tile until the index runs out; ``max_ctas`` (the SM count, say) comes at run time,
 so one compiled kernel fits every SKU.
 
+``VarlenTileScheduler`` (counts: ``make_varlen_tile_counts(...)``; the sm90 kernels' packed
+batches). A packed batch's sequences have tiles of their own lengths; a grid over the longest
+sequence's tiles for every sequence would launch mostly CTAs with nothing to do (17 sequences of
+mixed lengths: two in three). Its work tiles are numbered sequence by sequence, each sequence's
+heads one after another, its tiles fastest (``varlen_tile_order`` in plain Python): grid
+(num_tiles_bound * heads, 1, 1), an upper bound on the tiles of every sequence together that
+needs no host sync (``make_varlen_tile_counts``: never more than a grid over the longest
+sequence); each CTA finds its sequence by a warp-wide scan of the tile counts
+(``decode_varlen_tile``, 32 sequences a pass), and the CTAs past the last tile get an invalid
+work tile. Single tile only.
+
 ``longest_first`` is for causal attention: the query tiles with the most key tiles start first
 (SingleTileScheduler: m_block counts down the grid; LinearTileScheduler: within each section),
 so short ones fill the tail of the launch instead of leaving SMs idle at its end.
@@ -143,7 +154,21 @@ def _single_tile_only(persistent: bool):
         )
 
 
-class SingleTileScheduler:
+class _OneTilePerCTA:
+    """A single-tile scheduler's walk: its CTA's work tile, then done (``_done`` is plain
+    Python, a compile-time constant, so a kernel loop over it folds)."""
+
+    _done: bool
+
+    def initial_work_tile(self) -> WorkTile:
+        return self.get_current_work()
+
+    def advance(self) -> WorkTile:
+        self._done = True
+        return self.get_current_work()
+
+
+class SingleTileScheduler(_OneTilePerCTA):
     """One CTA per work tile: grid (m_blocks, heads, batches), blockIdx is the work tile."""
 
     def __init__(self, counts: TileCounts, *, longest_first: bool, done: bool = False):
@@ -171,13 +196,6 @@ class SingleTileScheduler:
             m_block=Int32(m_block), head=Int32(head), batch=Int32(batch),
             is_valid=Boolean(not self._done),
         )
-
-    def initial_work_tile(self) -> WorkTile:
-        return self.get_current_work()
-
-    def advance(self) -> WorkTile:
-        self._done = True
-        return self.get_current_work()
 
     def __extract_mlir_values__(self):
         return cutlass.extract_mlir_values(self.counts)
@@ -270,4 +288,158 @@ class LinearTileScheduler:
         return LinearTileScheduler(
             counts, longest_first=self.longest_first, persistent=self.persistent,
             tile_idx=tile_idx,
+        )
+
+
+class VarlenTileCounts(NamedTuple):
+    """``VarlenTileScheduler``'s counts: built on the host (``make_varlen_tile_counts``), passed
+    to the kernel as an argument with the cumulative lengths the tiles follow."""
+
+    num_tiles_bound: Int32  # at least the tiles of all sequences together (per head)
+    num_heads: Int32
+    num_batches: Int32
+
+
+@cute.jit
+def make_varlen_tile_counts(
+    *, total_rows: Int32, max_length: Int32, tile: cutlass.Constexpr[int], num_heads: Int32,
+    num_batches: Int32,
+) -> VarlenTileCounts:
+    """Host side. total_rows: the packed tensor's rows (at least the last cumulative length);
+    max_length: the longest sequence (the caller's max_seqlen). The sum over sequences of
+    ceil(length / tile) is at most (total + batches * (tile - 1)) / tile and at most batches *
+    ceil(max_length / tile), neither needing a look at the lengths: the first is tight for
+    long sequences of mixed lengths, the second for many of one length (a multiple of the
+    tile, or shorter than it) and for packed tensors with many rows past the last sequence."""
+    loose = (Int64(total_rows) + Int64(num_batches) * (tile - 1)) // tile
+    longest = Int64(num_batches) * ((Int64(max_length) + (tile - 1)) // tile)
+    return VarlenTileCounts(
+        num_tiles_bound=Int32(cutlass.min(loose, longest)), num_heads=num_heads,
+        num_batches=num_batches,
+    )
+
+
+def varlen_tile_order(lengths, tile: int, num_heads: int, longest_first: bool) -> list:
+    """The (block, head, batch) work tiles of ``VarlenTileScheduler`` in CTA order, in plain
+    Python: sequence by sequence, each sequence's heads in turn, its tiles fastest (from the last
+    one down if ``longest_first``)."""
+    order = []
+    for batch, length in enumerate(lengths):
+        tiles = -(-length // tile)
+        blocks = range(tiles - 1, -1, -1) if longest_first else range(tiles)
+        order += [(block, head, batch) for head in range(num_heads) for block in blocks]
+    return order
+
+
+@cute.jit
+def warp_inclusive_sum(value: Int32) -> Int32:
+    """Each lane's sum of ``value`` over lanes 0 .. itself (the whole warp takes part): log2(32)
+    shifted adds, a lane below the shift keeping its sum."""
+    lane = cute.arch.lane_idx()
+    for bit in cutlass.range_constexpr(5):
+        below = cute.arch.shuffle_sync_up(value, offset=1 << bit)
+        if lane >= (1 << bit):
+            value = value + below
+    return value
+
+
+@cute.jit
+def decode_varlen_tile(
+    tile_idx: Int32, counts: VarlenTileCounts, cu_seqlens: cute.Tensor,
+    tile: cutlass.Constexpr[int], longest_first: cutlass.Constexpr[bool],
+) -> WorkTile:
+    """CTA ``tile_idx``'s work tile in ``varlen_tile_order``. Called by whole warps (every lane
+    takes part in the scan): each lane counts one sequence's work tiles (tiles x heads), a warp
+    prefix sum and ballot find the sequence whose range holds ``tile_idx``, 32 sequences a pass.
+    A CTA past every sequence's tiles (the grid is an upper bound) gets the tile just past the
+    last sequence's end, head 0, flagged invalid: a kernel that treats tiles past a sequence as
+    empty (as for a grid over the longest sequence) needs no check of its own. At least one
+    sequence (``counts.num_batches`` >= 1)."""
+    lane = cute.arch.lane_idx()
+    first_batch = Int32(0)  # this pass's first sequence
+    before = Int32(0)  # work tiles of the sequences before the pass
+    batch = Int32(-1)
+    start = Int32(0)  # the found sequence's first work tile
+    tiles_found = Int32(1)
+    last_tiles = Int32(0)  # the last sequence's tiles, once a pass has reached it
+    while first_batch < counts.num_batches and batch < 0:
+        sequence = first_batch + lane
+        tiles = Int32(0)
+        if sequence < counts.num_batches:
+            length = cu_seqlens[sequence + 1] - cu_seqlens[sequence]
+            tiles = (length + (tile - 1)) // tile
+        work = tiles * counts.num_heads
+        inclusive = warp_inclusive_sum(work)
+        holds = cute.arch.vote_ballot_sync(
+            sequence < counts.num_batches and before + inclusive > tile_idx
+        )
+        if holds != 0:
+            found = cute.arch.popc((holds & -holds) - 1)  # the lowest lane that holds it
+            batch = first_batch + found
+            start = before + cute.arch.shuffle_sync(inclusive - work, found)
+            tiles_found = cute.arch.shuffle_sync(tiles, found)
+        last_lane = cutlass.min(counts.num_batches - 1 - first_batch, cute.arch.WARP_SIZE - 1)
+        last_tiles = cute.arch.shuffle_sync(tiles, last_lane)
+        before = before + cute.arch.shuffle_sync(inclusive, cute.arch.WARP_SIZE - 1)
+        first_batch = first_batch + cute.arch.WARP_SIZE
+    valid = batch >= 0
+    local = tile_idx - start
+    head = local // tiles_found
+    block = local - head * tiles_found
+    if cutlass.const_expr(longest_first):
+        block = tiles_found - 1 - block
+    if not valid:
+        batch = counts.num_batches - 1
+        head = Int32(0)
+        block = last_tiles
+    return WorkTile(m_block=block, head=head, batch=batch, is_valid=Boolean(valid))
+
+
+class VarlenTileScheduler(_OneTilePerCTA):
+    """One CTA per work tile of a packed batch, in ``varlen_tile_order``; the module docstring
+    says why. ``tile``: the rows a work tile covers along the lengths (query rows in the
+    forward, key rows in the backward)."""
+
+    def __init__(
+        self, counts: VarlenTileCounts, cu_seqlens: cute.Tensor, *, tile: int,
+        longest_first: bool, done: bool = False,
+    ):
+        self.counts = counts
+        self.cu_seqlens = cu_seqlens
+        self.tile = tile
+        self.longest_first = longest_first
+        self._done = done
+
+    @staticmethod
+    def grid_shape(counts: VarlenTileCounts, *, persistent: bool = False, max_ctas=None) -> tuple:
+        if persistent:
+            raise ValueError("VarlenTileScheduler runs one tile per CTA")
+        return (counts.num_tiles_bound * counts.num_heads, 1, 1)
+
+    @classmethod
+    def create(
+        cls, counts: VarlenTileCounts, cu_seqlens: cute.Tensor, *, tile: int,
+        longest_first: bool, persistent: bool = False,
+    ) -> "VarlenTileScheduler":
+        if persistent:
+            raise ValueError("VarlenTileScheduler runs one tile per CTA")
+        return cls(counts, cu_seqlens, tile=tile, longest_first=longest_first)
+
+    def get_current_work(self) -> WorkTile:
+        work = decode_varlen_tile(
+            Int32(cute.arch.block_idx()[0]), self.counts, self.cu_seqlens, self.tile,
+            self.longest_first,
+        )
+        if cutlass.const_expr(self._done):
+            work = work._replace(is_valid=Boolean(False))
+        return work
+
+    def __extract_mlir_values__(self):
+        return cutlass.extract_mlir_values((self.counts, self.cu_seqlens))
+
+    def __new_from_mlir_values__(self, values):
+        counts, cu_seqlens = cutlass.new_from_mlir_values((self.counts, self.cu_seqlens), values)
+        return VarlenTileScheduler(
+            counts, cu_seqlens, tile=self.tile, longest_first=self.longest_first,
+            done=self._done,
         )

@@ -63,9 +63,14 @@ from cuteattn.kernels.common.epilogue import store_o
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.common.tile_scheduler import (
+    VarlenTileCounts,
+    VarlenTileScheduler,
+    make_varlen_tile_counts,
+)
 from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
 from cuteattn.kernels.sm90.family import backward_dq_chunks
-from cuteattn.kernels.sm90.forward import _permuted, _smem_layout, _transposed
+from cuteattn.kernels.sm90.forward import _permuted, _smem_layout, _transposed, zero_rows_from
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
 
 KEYS_PER_WARPGROUP = 64
@@ -181,8 +186,8 @@ class FlashBackwardSm90(AttentionKernel):
         mSemaphore: cute.Tensor | None,  # deterministic: (batch, heads_q, m_blocks) int32, zeroed
         mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 row offsets, else None
         mCuSeqlensK: cute.Tensor | None,
-        mSequsedK: cute.Tensor | None,  # varlen: keys used (the planner leaves it to sm80)
-        max_seqlen_k: Int32,  # varlen: the longest key sequence (the grid), else unused
+        mSequsedK: cute.Tensor | None,  # varlen: keys used per sequence, or None
+        max_seqlen_k: Int32,  # varlen: the longest key sequence (bounds the grid), else unused
         softmax_scale: Float32,
         stream,
     ):
@@ -191,10 +196,15 @@ class FlashBackwardSm90(AttentionKernel):
         num_batches, num_heads_kv, num_key_tiles = (
             mK.shape[0], mK.shape[2], cute.ceil_div(mK.shape[1], self.tile_n)
         )
+        grid = (num_key_tiles, num_heads_kv, num_batches)
+        tile_counts = None
         if cutlass.const_expr(self.varlen):
-            # Packed (1, total, heads, dim): a CTA per key tile of the longest sequence.
-            num_batches = mCuSeqlensQ.shape[0] - 1
-            num_key_tiles = cute.ceil_div(max_seqlen_k, self.tile_n)
+            # Packed (1, total, heads, dim): a CTA per key tile of each sequence and KV head.
+            tile_counts = make_varlen_tile_counts(
+                total_rows=mK.shape[1], max_length=max_seqlen_k, tile=self.tile_n,
+                num_heads=num_heads_kv, num_batches=mCuSeqlensQ.shape[0] - 1,
+            )
+            grid = VarlenTileScheduler.grid_shape(tile_counts)
         # TMA boxes tile the first two modes: (seqlen, dim, heads, batch).
         tQ, tK, tV, tdO, tdK, tdV = (
             _permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)
@@ -271,7 +281,7 @@ class FlashBackwardSm90(AttentionKernel):
 
         self.kernel(
             mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
-            mCuSeqlensQ, mCuSeqlensK, mSequsedK,
+            mCuSeqlensQ, mCuSeqlensK, mSequsedK, tile_counts,
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
             capping.exp2_scale(softmax_scale, self.softcap), softmax_scale,
@@ -280,7 +290,7 @@ class FlashBackwardSm90(AttentionKernel):
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             q_tile_bytes, do_tile_bytes, kv_tile_bytes, SharedStorage,
         ).launch(
-            grid=(num_key_tiles, num_heads_kv, num_batches),
+            grid=grid,
             block=[self.num_threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
@@ -302,6 +312,7 @@ class FlashBackwardSm90(AttentionKernel):
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,
+        tile_counts: VarlenTileCounts | None,  # varlen: the key tiles of the sequences
         tQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch)
         tK: cute.Tensor,
         tV: cute.Tensor,
@@ -333,11 +344,19 @@ class FlashBackwardSm90(AttentionKernel):
         SharedStorage: cutlass.Constexpr,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        block, head_kv, batch = cute.arch.block_idx()
-        n_block = turns.key_tile_of_block(
-            block, cute.arch.grid_dim()[0],
-            descending=self.deterministic and (self.causal or self.window is not None),
-        )
+        descending = self.deterministic and (self.causal or self.window is not None)
+        if cutlass.const_expr(self.varlen):
+            # Every warp decodes its CTA's key tile (the scan takes whole warps); in turn order
+            # within each (sequence, KV head), as ``key_tile_of_block`` below.
+            work = VarlenTileScheduler.create(
+                tile_counts, mCuSeqlensK, tile=self.tile_n, longest_first=descending
+            ).initial_work_tile()
+            n_block, head_kv, batch = work.m_block, work.head, work.batch
+        else:
+            block, head_kv, batch = cute.arch.block_idx()
+            n_block = turns.key_tile_of_block(
+                block, cute.arch.grid_dim()[0], descending=descending
+            )
         if warp_idx == 0:
             for atom in (
                 tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv
@@ -376,7 +395,7 @@ class FlashBackwardSm90(AttentionKernel):
             m_block_max = block_info.m_block_max(seqlen, n_block)
         num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
         if cutlass.const_expr(self.varlen):
-            # A key tile past its sequence's keys (the grid covers the longest sequence)
+            # A key tile past its sequence's keys (the grid's CTAs past the last key tile)
             # visits no query tile (deterministic: the turns count this sequence's tiles).
             if n_block * self.tile_n >= seqlen.seqlen_k:
                 num_m_blocks = Int32(0)
@@ -825,15 +844,11 @@ class FlashBackwardSm90(AttentionKernel):
     def zero_rows_past(
         self, tile: cute.Tensor, rows_left: Int32, tidx: Int32, threads: int, barrier_id
     ):
-        """Zero a (rows, cols) shared tile's rows at and past ``rows_left`` (varlen: what TMA
-        loaded past the sequence, the next one's rows or whatever lies past the packed
-        tensor; P = 0 or dS = 0 times a NaN there would still be NaN), then make the zeros
-        visible to WGMMA and wait for the ``threads`` that wrote them."""
-        rows, cols = cute.size(tile, mode=[0]), cute.size(tile, mode=[1])
-        first = cutlass.max(rows_left, 0)
-        if first < rows:
-            for i in cutlass.range(tidx, (rows - first) * cols, threads, unroll=1):
-                tile[first + i // cols, i % cols] = self.dtype(0)
+        """Zero a (rows, cols) shared tile's rows at and past ``rows_left`` (``zero_rows_from``),
+        then make the zeros visible to WGMMA and wait for the ``threads`` that wrote them."""
+        rows = cute.size(tile, mode=[0])
+        if rows_left < rows:
+            zero_rows_from(tile, rows_left, tidx, threads)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
 

@@ -29,11 +29,12 @@ A query tile that sees no key (causal with seqlen_q > seqlen_k) loads nothing an
 O = 0, LSE = -inf.
 
 Varlen (packed sequences, (1, total, heads, dim), lse (1, heads, total)): a CTA per query tile
-of the longest sequence and (head, sequence), single-tile and not packed GQA. TMA loads start at
+of each sequence and head (``VarlenTileScheduler``), single-tile and not packed GQA. TMA loads start at
 the sequence's first row (the domain offset of its ``SeqlenInfo``): rows past the sequence's
 keys are masked like any past seqlen_k, rows past its queries are computed and not stored. O
 leaves through shared memory and 128-bit row stores predicated on the sequence's end (a TMA
-box would write into the next sequence); query tiles past it do nothing.
+box would write into the next sequence); the grid's few CTAs past the last tile get a query
+tile past the last sequence's end, which does nothing.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256 and dim_v == dim, or (192, 128) (V and
 O then have dim_v columns, O in Q's buffer); tile_m = 64 per
@@ -73,8 +74,11 @@ from cuteattn.kernels.common.softmax import (
 from cuteattn.kernels.common.tile_scheduler import (
     LinearTileCounts,
     LinearTileScheduler,
+    VarlenTileCounts,
+    VarlenTileScheduler,
     WorkTile,
     make_linear_tile_counts,
+    make_varlen_tile_counts,
 )
 from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
 from cuteattn.kernels.sm90 import tiling
@@ -110,6 +114,37 @@ def wait_stage(stage_pipeline: pipeline.PipelineAsync, state: pipeline.PipelineS
     stage is not ready. (A bare consumer_wait is a try_wait loop with a 10 ms suspend hint
     inline in the main loop: NANOSLEEP.SYNCS on every retry.)"""
     stage_pipeline.consumer_wait(state, stage_pipeline.consumer_try_wait(state))
+
+
+def _row_store_threads(rows: int, threads_per_row: int, num_threads: int) -> int:
+    """How many of ``num_threads`` store a tile's rows so that their row blocks tile the rows
+    exactly (a 48-row tile, 32 rows a pass, would be written past its end)."""
+    rows_per_pass = num_threads // threads_per_row
+    while rows % rows_per_pass:
+        rows_per_pass //= 2
+    return rows_per_pass * threads_per_row
+
+
+@cute.jit
+def zero_rows_from(
+    tile: cute.Tensor, first_row: Int32, tidx: Int32, num_threads: cutlass.Constexpr[int]
+):
+    """Zero a shared (rows, cols) tile's rows at and past ``first_row`` with 16-byte stores
+    (the swizzle keeps 16-byte chunks whole), thread ``tidx`` of ``num_threads``; the caller
+    fences and synchronises. Varlen: what TMA loaded past a sequence (the next one's rows, or
+    whatever lies past the packed tensor): P = 0 or dS = 0 times a NaN there would still be NaN."""
+    rows, cols = cute.size(tile, mode=[0]), cute.size(tile, mode=[1])
+    dtype = tile.element_type
+    atom = smem_tile_atom(dtype, cols)
+    used = _row_store_threads(rows, atom.outer.shape[1] * dtype.width // 128, num_threads)
+    _, row_stores = gmem_row_copies(dtype, atom, used)
+    if tidx < used:
+        thr_stores = row_stores.get_slice(tidx)
+        tSsS = thr_stores.partition_D(tile)
+        tScS = thr_stores.partition_D(cute.make_identity_tensor((rows, cols)))
+        for m in cutlass.range_constexpr(cute.size(tSsS, mode=[1])):
+            if tScS[0, m, 0][0] >= first_row:
+                tSsS[None, m, None].fill(0)
 
 
 def _permuted(tensor: cute.Tensor, modes: list[int]) -> cute.Tensor:
@@ -220,7 +255,7 @@ class FlashForwardSm90(AttentionKernel):
         mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 row offsets, else None
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,  # varlen: (batch,) int32 keys used, or None
-        max_seqlen_q: Int32,  # varlen: the longest sequence (the grid), else unused
+        max_seqlen_q: Int32,  # varlen: the longest sequence (bounds the grid), else unused
         softmax_scale: Float32,
         max_ctas: Int32,  # CTAs resident at once (the SM count): a persistent kernel's grid
         stream,
@@ -228,13 +263,10 @@ class FlashForwardSm90(AttentionKernel):
         check_operand_dtypes(mQ, mK, mV, mO)
         packed = self.pack_gqa > 1
         if cutlass.const_expr(self.varlen):
-            # Packed sequences, (1, total, heads, dim): a CTA per query tile of the longest.
-            sequences = mCuSeqlensQ.shape[0] - 1
-            counts = make_linear_tile_counts(
-                seqlen_q=max_seqlen_q,
-                seqlen_k=mK.shape[1] // cutlass.max(sequences, 1),  # keys per sequence (L2)
-                tile_m=self.tile_positions, num_heads=mQ.shape[2], num_batches=sequences,
-                kv_bytes_per_key=(self.head_dim + self.head_dim_v) * self.dtype.width // 8,
+            # Packed sequences, (1, total, heads, dim): a CTA per query tile of each sequence.
+            counts = make_varlen_tile_counts(
+                total_rows=mQ.shape[1], max_length=max_seqlen_q, tile=self.tile_positions,
+                num_heads=mQ.shape[2], num_batches=mCuSeqlensQ.shape[0] - 1,
             )
         else:
             counts = make_linear_tile_counts(
@@ -321,7 +353,7 @@ class FlashForwardSm90(AttentionKernel):
             a_source=warpgroup.OperandSource.RMEM,
         )
 
-        grid = LinearTileScheduler.grid_shape(
+        grid = self.scheduler_class().grid_shape(
             counts, persistent=self.persistent, max_ctas=max_ctas
         )
         self.kernel(
@@ -379,7 +411,7 @@ class FlashForwardSm90(AttentionKernel):
         tma_atom_o: cute.CopyAtom,
         scale_log2: Float32,
         tanh_scale: Float32,
-        counts: LinearTileCounts,
+        counts: LinearTileCounts | VarlenTileCounts,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -417,7 +449,7 @@ class FlashForwardSm90(AttentionKernel):
             window=self.window,
         )
         seqlen_q = mQ.shape[1] if cutlass.const_expr(self.pack_gqa > 1) else mQ.shape[0]
-        # Varlen: each work tile's sequence (``sequence_of``) replaces this.
+        # Varlen: each work tile's sequence (``SeqlenInfo.varlen``) replaces this.
         seqlen = SeqlenInfo(seqlen_q=seqlen_q, seqlen_k=mK.shape[0])
         cu_seqlens = dict(
             mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK, mSequsedK=mSequsedK
@@ -441,6 +473,20 @@ class FlashForwardSm90(AttentionKernel):
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
         return tma_pipeline(barriers, num_stages, tile_bytes, self.num_consumer_threads)
 
+    def scheduler_class(self):
+        """A packed batch's tiles follow its sequences (``VarlenTileScheduler``); otherwise the
+        linear order of L2 sections, single tile or persistent."""
+        return VarlenTileScheduler if self.varlen else LinearTileScheduler
+
+    def make_scheduler(self, counts, cu_seqlens_q: cute.Tensor | None):
+        if cutlass.const_expr(self.varlen):
+            return VarlenTileScheduler.create(
+                counts, cu_seqlens_q, tile=self.tile_positions, longest_first=self.causal
+            )
+        return LinearTileScheduler.create(
+            counts, longest_first=self.causal, persistent=self.persistent
+        )
+
     # ---- Producer: TMA loads ------------------------------------------------------------------
 
     @cute.jit
@@ -458,7 +504,7 @@ class FlashForwardSm90(AttentionKernel):
         pipeline_q: pipeline.PipelineAsync,
         pipeline_k: pipeline.PipelineAsync,
         pipeline_v: pipeline.PipelineAsync,
-        counts: LinearTileCounts,
+        counts: LinearTileCounts | VarlenTileCounts,
         block_info: BlockInfo,
         seqlen: SeqlenInfo,
         cu_seqlens: dict,
@@ -467,9 +513,7 @@ class FlashForwardSm90(AttentionKernel):
         order the consumers use them (with intra-warpgroup overlap K(n - 1) before V(n))."""
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        scheduler = LinearTileScheduler.create(
-            counts, longest_first=self.causal, persistent=self.persistent
-        )
+        scheduler = self.make_scheduler(counts, cu_seqlens["mCuSeqlensQ"])
         work = scheduler.initial_work_tile()
         loads = dict(
             mQ=mQ, mK=mK, mV=mV, sQ=sQ, sK=sK, sV=sV, tma_atom_q=tma_atom_q,
@@ -583,7 +627,7 @@ class FlashForwardSm90(AttentionKernel):
     @cute.jit
     def key_tile_range(self, block_info: BlockInfo, seqlen: SeqlenInfo, m_block: Int32):
         """(n_block_min, n_block_max) of a work tile; varlen: none for a query tile past its
-        sequence's end (the grid covers the longest sequence)."""
+        sequence's end (the grid's CTAs past the last tile)."""
         n_block_min, n_block_max = block_info.n_block_min_max(seqlen, m_block)
         if cutlass.const_expr(self.varlen):
             if m_block * self.tile_positions >= seqlen.seqlen_q:
@@ -627,7 +671,7 @@ class FlashForwardSm90(AttentionKernel):
         pipeline_v: pipeline.PipelineAsync,
         scale_log2: Float32,
         tanh_scale: Float32,
-        counts: LinearTileCounts,
+        counts: LinearTileCounts | VarlenTileCounts,
         block_info: BlockInfo,
         seqlen: SeqlenInfo,
         cu_seqlens: dict,
@@ -669,9 +713,7 @@ class FlashForwardSm90(AttentionKernel):
             pending_scale=pending_scale, mask=mask, pipeline_k=pipeline_k, pipeline_v=pipeline_v,
             wg_idx=wg_idx, tanh_scale=tanh_scale, sV=sV,
         )
-        scheduler = LinearTileScheduler.create(
-            counts, longest_first=self.causal, persistent=self.persistent
-        )
+        scheduler = self.make_scheduler(counts, cu_seqlens["mCuSeqlensQ"])
         work = scheduler.initial_work_tile()
         tile_args = dict(
             mO=mO, mLSE=mLSE, mSink=mSink, sO=sO, tma_atom_o=tma_atom_o, pipeline_q=pipeline_q,
@@ -947,18 +989,10 @@ class FlashForwardSm90(AttentionKernel):
         has such rows."""
         keys_left = cutlass.max(loop.mask.seqlen.seqlen_k - n_block * self.tile_n, 0)
         if keys_left < self.tile_n:
-            # 16-byte stores of whole rows (the swizzle keeps 16-byte chunks whole).
-            _, row_stores = gmem_row_copies(
-                self.dtype, smem_tile_atom(self.dtype, self.head_dim_v), THREADS_PER_WARPGROUP
+            zero_rows_from(
+                loop.sV[None, None, stage], keys_left,
+                cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP, THREADS_PER_WARPGROUP,
             )
-            thr_stores = row_stores.get_slice(cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP)
-            tVsV = thr_stores.partition_D(loop.sV[None, None, stage])
-            tVcV = thr_stores.partition_D(
-                cute.make_identity_tensor((self.tile_n, self.head_dim_v))
-            )
-            for m in cutlass.range_constexpr(cute.size(tVsV, mode=[1])):
-                if tVcV[0, m, 0][0] >= keys_left:
-                    tVsV[None, m, None].fill(0)
             # Generic-proxy writes must be visible to WGMMA (async proxy) before it reads them.
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(
