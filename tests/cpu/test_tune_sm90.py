@@ -59,20 +59,20 @@ def test_planner_choice_is_named_like_a_candidate(tune):
 
 
 def test_backward_candidates_are_the_family_offers(tune):
-    """--mode bwd: every backward plan the family offers for the head dim (sm90 d256: 64 x 48
-    and 64 x 64; sm80 d64: 64 x 128 and 128 x 128), or those --bwd-tile-m names; the planner's
+    """--mode bwd: every backward plan the family offers for the head dim (sm90 d256: 64 x 64
+    and 64 x 48; sm80 d64: 128 x 128 and 64 x 128), or those --bwd-tile-m names; the planner's
     is one of them."""
     wide = Shape(dim=256, seqlen=4096, causal=True, batch=8, heads=8)
     plans = tune.backward_candidates(HOPPER, wide, "bf16")
-    assert list(plans) == ["bwd-64x48", "bwd-64x64"]
+    assert list(plans) == ["bwd-64x64", "bwd-64x48"]
     assert all(plan.kind == "backward" and plan.causal for plan in plans.values())
-    assert tune.planner_choice(HOPPER, wide, "bf16", "bwd") == "bwd-64x48"
+    assert tune.planner_choice(HOPPER, wide, "bf16", "bwd") == "bwd-64x64"
     shape = Shape(dim=64, seqlen=4096, causal=True, batch=8, heads=32)
     assert list(tune.backward_candidates(HOPPER, shape, "bf16")) == ["bwd-64x128"]
     sm80 = tune.backward_candidates(HOPPER, shape, "bf16", family="sm80")
-    assert list(sm80) == ["bwd-64x128-sm80", "bwd-128x128-sm80"]
+    assert list(sm80) == ["bwd-128x128-sm80", "bwd-64x128-sm80"]
     assert list(tune.backward_candidates(HOPPER, shape, "bf16", [128], "sm80")) == ["bwd-128x128-sm80"]
-    assert tune.planner_choice(HOPPER, shape, "bf16", "bwd", "sm80") == "bwd-64x128-sm80"
+    assert tune.planner_choice(HOPPER, shape, "bf16", "bwd", "sm80") == "bwd-128x128-sm80"
 
 
 def test_shape_line_names_the_best_candidate_against_the_faster_peer(tune):

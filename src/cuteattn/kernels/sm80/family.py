@@ -35,9 +35,10 @@ SM80_TILES = {
 # 128 each); two stages load the next query tile during this one where shared memory allows
 # (sm_80's 163 KB, Hopper's 227 KB); later entries fit 99 KB (sm_86/89/120).
 SM80_BACKWARD_TILES = {
-    # d64 also offers FlashAttention-2's 128 x 128 (no spills on sm_80: 244 registers), not yet
-    # timed against 64 x 128 (``scripts/tune_sm90.py --mode bwd --family sm80``).
-    64: ((64, 128, 256, 2), (128, 128, 256, 2)),
+    # d64: FlashAttention-2's 128 x 128 (244 registers, no spills on sm_80) ran 1.08-1.10x
+    # faster than 64 x 128 on the H200 (``scripts/tune_sm90.py --mode bwd --family sm80``,
+    # docs/PERF.md); it needs sm_80's 163 KB, 64 x 128 fits 99 KB.
+    64: ((128, 128, 256, 2), (64, 128, 256, 2)),
     96: ((64, 128, 256, 2), (64, 64, 256, 2)),
     128: ((64, 128, 256, 2), (64, 64, 256, 1)),
     192: ((64, 64, 256, 2), (64, 64, 256, 1), (64, 32, 128, 1)),

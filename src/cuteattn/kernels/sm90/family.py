@@ -96,16 +96,16 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
 # consumer warpgroups. Head dims up to 128 (kernels/sm90/backward.py): 128 keys per CTA, 64 per
 # warpgroup with their dK and dV rows in registers. 192 and 256 (kernels/sm90/backward_wide.py):
 # dK^T and dV^T with head_dim along WGMMA's M, 64 / 48 keys per CTA (the largest that fit shared
-# memory with two stages). d256 also offers FlashAttention-4's 64 x 64 with one Q / dO stage
-# (no spills), not yet timed against the first (``scripts/tune_sm90.py --mode bwd``). Taller
-# query tiles (d64 128, d128 80: wip/bwd-tall-tiles.diff) make ptxas serialise every WGMMA
-# (C7512, too few registers) in this kernel.
+# memory with two stages); d256 runs 64 keys with one Q / dO stage first (FlashAttention-4's
+# choice: 1.10-1.20x faster than 48 keys with two on the H200, ``scripts/tune_sm90.py --mode
+# bwd``, docs/PERF.md). Taller query tiles (d64 128, d128 80: wip/bwd-tall-tiles.diff) make
+# ptxas serialise every WGMMA (C7512, too few registers) in this kernel.
 BACKWARD_TILES = {
     64: ((64, 128, 2),),
     96: ((64, 128, 2),),
     128: ((64, 128, 2),),
     192: ((64, 64, 2),),
-    256: ((64, 48, 2), (64, 64, 1)),
+    256: ((64, 64, 1), (64, 48, 2)),
 }
 BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILES)
 BACKWARD_THREADS = 384
