@@ -64,6 +64,7 @@ from cuteattn.runtime.compile import (
     compile_backward,
     compile_backward_preprocess,
     compile_forward,
+    compile_varlen_dq_postprocess,
 )
 
 
@@ -525,51 +526,16 @@ def padded_rows(total_q: int, num_seqs: int, tile_m: int) -> int:
     return -(-(total_q + num_seqs * tile_m) // tile_m) * tile_m
 
 
-def varlen_dq_rows(cu_seqlens_q: torch.Tensor, total_q: int, tile_m: int) -> torch.Tensor:
-    """For each packed query row, its row in the per-row buffers (int64, on the GPU, no host
-    sync). Rows past cu_seqlens_q[-1] map to the buffers' last row, which no sequence's tiles
-    reach (they end before row cu_seqlens_q[-1] + num_seqs * tile_m - 1): it stays zero."""
-    num_seqs = cu_seqlens_q.shape[0] - 1
-    starts = cu_seqlens_q[:-1].long()
-    slack = torch.arange(num_seqs, device=cu_seqlens_q.device) * tile_m
-    padded = (starts + slack) // tile_m * tile_m
-    rows = torch.arange(total_q, device=cu_seqlens_q.device)
-    sequence = torch.searchsorted(cu_seqlens_q[1:].long(), rows, right=True)
-    covered = sequence < num_seqs
-    sequence = sequence.clamp(max=max(num_seqs - 1, 0))
-    never_written = padded_rows(total_q, num_seqs, tile_m) - 1
-    return torch.where(covered, rows + (padded - starts)[sequence], never_written)
-
-
-def varlen_dq_from_accum(
-    dq_accum: torch.Tensor, index: torch.Tensor, softmax_scale: float, dq: torch.Tensor,
-    kernel_dim: int,
-) -> torch.Tensor:
-    """The varlen postprocess: dq (total_q, heads_q, dim) = softmax_scale * the rows ``index``
-    (``varlen_dq_rows``) of the accumulator (1, heads_q, chunks, rows, chunk dim + pad), cast to
-    dq's dtype. Two passes: one fp32 gather into row-major order, then the scaled cast (the
-    kernel's columns past dq's, of a padded head dim, dropped)."""
-    total_q, heads_q, dim = dq.shape
-    chunks = dq_accum.shape[2]
-    chunk_dim = kernel_dim // chunks
-    # (rows, heads, chunks, chunk_dim) view; the gather copies whole chunk rows.
-    by_row = dq_accum[0, :, :, :, :chunk_dim].permute(2, 0, 1, 3)
-    gathered = by_row.index_select(0, index)  # (total_q, heads, chunks, chunk_dim), contiguous
-    if kernel_dim != dim:
-        torch.mul(gathered.flatten(-2)[..., :dim], softmax_scale, out=dq)
-    else:
-        torch.mul(gathered, softmax_scale, out=dq.view(total_q, heads_q, chunks, chunk_dim))
-    return dq
-
-
 def launch_varlen_backward(
     dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
     softmax_scale: float, plan: KernelPlan,
 ):
     """The backward of a packed batch (q, dout, out (total_q, heads_q, dim), k, v (total_k,
     heads_kv, dim), lse (heads_q, total_q)): returns new (dq, dk, dv). As ``launch_backward``,
-    with the per-row buffers laid out per sequence on whole tiles (``padded_rows``); dk and dv
-    start at 0 (rows of no sequence, or past seqused_k, get no gradient from the kernel)."""
+    with the per-row buffers laid out per sequence on whole tiles (``padded_rows``) and the
+    postprocess a kernel (``kernels/bwd_postprocess.py``: each packed row from its sequence's
+    block, zeros past the last sequence); dk and dv start at 0 (rows of no sequence, or past
+    seqused_k, get no gradient from the kernel)."""
     total_q, heads_q, dim = q.shape
     num_seqs = cu_seqlens_q.shape[0] - 1
     with torch.cuda.device(q.device):
@@ -602,10 +568,11 @@ def launch_varlen_backward(
             semaphore, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_k, softmax_scale,
         )
         # dq: each packed row from its sequence's rows of the accumulator.
-        dq = varlen_dq_from_accum(
-            dq_accum, varlen_dq_rows(cu_seqlens_q, total_q, plan.tile_m), softmax_scale,
-            torch.empty(q.shape, dtype=q.dtype, device=q.device), plan.head_dim,
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        postprocess = compile_varlen_dq_postprocess(
+            plan.arch, plan.dtype, dim, plan.head_dim, chunks, row_pad, plan.tile_m
         )
+        postprocess(dq_accum, dq.unsqueeze(0), cu_seqlens_q, max_seqlen_q, softmax_scale)
     return dq, dk, dv
 
 

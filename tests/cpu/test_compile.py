@@ -260,7 +260,7 @@ def test_window_compiles(case):
 
 
 # Varlen (packed sequences): each target, with seqused_k, a window, a padded head dim (40);
-# forward, backward (deterministic where causal) and the varlen preprocess.
+# forward, backward (deterministic where causal), the varlen preprocess and dq postprocess.
 VARLEN_CASES = (
     ("sm_80", 64, True, "bf16", False, None),
     ("sm_90a", 128, False, "fp16", True, (256, 0)),
@@ -292,10 +292,18 @@ def test_varlen_compiles(case):
     if backward.family != "sm80":
         sm80 = plan_backward(dataclasses.replace(problem, deterministic=causal), family="sm80")
         assert compile_backward(sm80) is not None, sm80
-    from cuteattn.runtime.compile import compile_backward_preprocess
+    from cuteattn.plan import get_family
+    from cuteattn.runtime.compile import (
+        compile_backward_preprocess,
+        compile_varlen_dq_postprocess,
+    )
 
     assert compile_backward_preprocess(
         backward.arch, dtype, head_dim, varlen_rows_tile=backward.tile_m
+    ) is not None
+    chunks, row_pad = get_family(backward.family).dq_accum_chunks(backward)
+    assert compile_varlen_dq_postprocess(
+        backward.arch, dtype, head_dim, backward.head_dim, chunks, row_pad, backward.tile_m
     ) is not None
 
 

@@ -169,54 +169,6 @@ def test_autograd_through_the_varlen_ops(cpu_launch, monkeypatch):
         torch.testing.assert_close(got.grad, want.grad, atol=2e-2, rtol=2e-2)
 
 
-def test_dq_rows_of_the_padded_buffers():
-    """Each packed query row maps into its sequence's tile-aligned block of the per-row
-    buffers: blocks in order, disjoint, inside ``padded_rows``; uncovered rows map to the
-    buffers' last row, which no block reaches."""
-    tile = 64
-    lengths = [5, 0, 130, 64, 1]
-    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
-    total = sum(lengths) + 3  # three rows past the last sequence
-    index = ops.varlen_dq_rows(cu, total, tile).tolist()
-    rows = ops.padded_rows(total, len(lengths), tile)
-    seen = set()
-    for b, length in enumerate(lengths):
-        start = (int(cu[b]) + b * tile) // tile * tile
-        block = index[int(cu[b]):int(cu[b]) + length]
-        assert block == list(range(start, start + length)) and start % tile == 0
-        assert start + -(-length // tile) * tile <= rows and not (set(block) & seen)
-        seen |= set(range(start, start + -(-length // tile) * tile))
-    assert index[-3:] == [rows - 1] * 3 and rows - 1 not in seen
-
-
-@pytest.mark.parametrize("kernel_dim,dim,chunks", [(128, 128, 2), (96, 96, 1), (64, 40, 2)])
-def test_dq_postprocess_reads_each_row_from_its_sequence_block(kernel_dim, dim, chunks):
-    """dq = scale * the accumulator's rows of each sequence's block, chunks side by side; the
-    rows of a block past its sequence, the row padding and the columns past a padded dim are
-    never read; rows past the last sequence get zeros."""
-    tile, heads, pad = 64, 3, 8
-    lengths = [70, 0, 1, 64]
-    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
-    total = sum(lengths) + 2
-    rows = ops.padded_rows(total, len(lengths), tile)
-    chunk_dim = kernel_dim // chunks
-    accum = torch.zeros(1, heads, chunks, rows, chunk_dim + pad)
-    want = torch.zeros(total, heads, dim)
-    for b, length in enumerate(lengths):
-        start = (int(cu[b]) + b * tile) // tile * tile
-        written = -(-length // tile) * tile  # whole tiles: garbage past the sequence's rows
-        accum[0, :, :, start:start + written] = torch.randn(heads, chunks, written, chunk_dim + pad)
-        block = accum[0, :, :, start:start + length, :chunk_dim]  # (heads, chunks, len, cd)
-        want[int(cu[b]):int(cu[b]) + length] = (
-            block.permute(2, 0, 1, 3).flatten(-2)[..., :dim] * 0.5
-        )
-    dq = torch.full((total, heads, dim), float("nan"), dtype=torch.bfloat16)
-    got = ops.varlen_dq_from_accum(accum, ops.varlen_dq_rows(cu, total, tile), 0.5, dq, kernel_dim)
-    assert got is dq
-    torch.testing.assert_close(dq.float(), want.bfloat16().float(), atol=0, rtol=0)
-    assert torch.all(dq[-2:] == 0)
-
-
 def test_content_checks_run_under_the_debug_switch(cpu_launch, monkeypatch):
     q, k, v, cu_q, cu_k = packed()
     descending = cu_q.clone()

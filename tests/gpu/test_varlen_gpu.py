@@ -226,3 +226,43 @@ def test_varlen_many_sequences(family):
     assert_close_to_reference("out", out.detach(), out_ref, out_pt)
     assert_close_to_reference("lse", lse.detach(), lse_ref, lse_pt)
     assert_grads_close([x.grad for x in leaves], q, k, v, dout, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kernel_dim,dim,chunks,row_pad,tile",
+    ((128, 128, 2, 8, 64), (96, 96, 1, 8, 64), (64, 40, 2, 8, 64), (256, 256, 4, 8, 64),
+     (64, 64, 1, 0, 128), (256, 200, 1, 0, 64)),
+)
+def test_varlen_dq_postprocess_reads_each_row_from_its_sequence_block(
+    kernel_dim, dim, chunks, row_pad, tile
+):
+    """The varlen dq postprocess kernel: dq = scale * the accumulator's rows of each sequence's
+    tile-aligned block, chunks side by side; the rows of a block past its sequence, the row
+    padding and the columns past a padded dim are never read (they hold random values here);
+    the rows past the last sequence get zeros. dq is poisoned with NaN first."""
+    from cuteattn import ops
+    from cuteattn.runtime.compile import compile_varlen_dq_postprocess
+
+    heads = 3
+    lengths = [70, 0, 1, 64, 129]
+    cu = _cumulative(lengths)
+    total = sum(lengths) + 70  # rows past the last sequence: more than one CTA's stride
+    rows = ops.padded_rows(total, len(lengths), tile)
+    chunk_dim = kernel_dim // chunks
+    accum = torch.randn(1, heads, chunks, rows, chunk_dim + row_pad, device="cuda")
+    want = torch.zeros(total, heads, dim, device="cuda")
+    starts = cu.tolist()
+    for b, length in enumerate(lengths):
+        start = (starts[b] + b * tile) // tile * tile
+        block = accum[0, :, :, start:start + length, :chunk_dim]  # (heads, chunks, len, cd)
+        want[starts[b]:starts[b] + length] = block.permute(2, 0, 1, 3).flatten(-2)[..., :dim]
+    dq = torch.full((total, heads, dim), float("nan"), dtype=torch.bfloat16, device="cuda")
+    arch = ops.device_arch(dq.device).name
+    postprocess = compile_varlen_dq_postprocess(
+        arch, "bf16", dim, kernel_dim, chunks, row_pad, tile
+    )
+    postprocess(accum, dq.unsqueeze(0), cu, max(lengths), 0.5)
+    torch.cuda.synchronize()
+    assert not dq.isnan().any()
+    torch.testing.assert_close(dq.float(), (want * 0.5).bfloat16().float(), atol=0, rtol=0)
+    assert torch.all(dq[-70:] == 0)

@@ -87,6 +87,43 @@ def compile_backward_preprocess(arch: str, dtype: str, head_dim: int, varlen_row
     return fn
 
 
+_postprocess_compiled: dict[tuple, object] = {}
+
+
+def compile_varlen_dq_postprocess(
+    arch: str, dtype: str, head_dim: int, kernel_dim: int, chunks: int, row_pad: int,
+    rows_tile: int,
+):
+    """Compile (or fetch) the varlen dq postprocess (``kernels/bwd_postprocess.py``) for a
+    packed batch's backward: dq's head_dim and dtype, the plan's kernel head dim, dq_accum's
+    (chunks, row_pad) and tile_m. Call it as ``fn(dq_accum, dq, cu_seqlens_q, max_seqlen_q,
+    softmax_scale)`` (packed tensors as (1, total, heads, dim))."""
+    key = (arch, dtype, head_dim, kernel_dim, chunks, row_pad, rows_tile)
+    fn = _postprocess_compiled.get(key)
+    if fn is None:
+        _check_dependencies_once()
+        import cutlass.cute as cute
+
+        from cuteattn.kernels.bwd_postprocess import VarlenDqPostprocess, postprocess_fake_args
+        from cuteattn.kernels.common.compile_args import dsl_dtype
+
+        start = time.perf_counter()
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        kernel = VarlenDqPostprocess(
+            dtype=dsl_dtype(dtype), head_dim=head_dim, kernel_dim=kernel_dim, chunks=chunks,
+            rows_tile=rows_tile,
+        )
+        fn = cute.compile(
+            kernel,
+            *postprocess_fake_args(dsl_dtype(dtype), head_dim, kernel_dim, chunks, row_pad),
+            stream,
+            options=f"--enable-tvm-ffi --gpu-arch {arch}",
+        )
+        _postprocess_compiled[key] = fn
+        log.info("compiled the varlen dq postprocess %s in %.1f s", key, time.perf_counter() - start)
+    return fn
+
+
 def _compile(plan: KernelPlan, fake_args):
     fn = _compiled.get(plan)
     if fn is None:
