@@ -146,11 +146,15 @@ def test_backward_preprocess_compiles(arch):
 @pytest.mark.compile
 @pytest.mark.parametrize("deterministic", (False, True))
 def test_backward_candidates_past_the_first_compile(deterministic):
-    """The backward plans the families offer after their first (sm90: d256's 64 x 64 with one
-    Q / dO stage; sm80: d64's 128 x 128), compiled once each: causal with the deterministic
-    variant, else not; varlen too where the plan allows it."""
+    """The backward plans the families offer after their first (sm90: d64's 64 x 128, d128's
+    80 x 128, d256's 64 x 48 with two Q / dO stages; sm80: d64's 64 x 128), compiled once
+    each: causal with the deterministic variant, else not; varlen too where the plan allows
+    it."""
     compiled = []
-    for family_name, arch_name, head_dim in (("sm90", "sm_90a", 256), ("sm80", "sm_80", 64)):
+    for family_name, arch_name, head_dim in (
+        ("sm90", "sm_90a", 64), ("sm90", "sm_90a", 128), ("sm90", "sm_90a", 256),
+        ("sm80", "sm_80", 64),
+    ):
         family, arch = get_family(family_name), arch_from_name(arch_name)
         problem = Problem(
             batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=head_dim,
@@ -162,7 +166,10 @@ def test_backward_candidates_past_the_first_compile(deterministic):
             assert family.can_implement(plan, arch), plan
             assert compile_backward(plan) is not None, plan
             compiled.append((family_name, head_dim, plan.tile_m, plan.tile_n))
-    assert compiled == [("sm90", 256, 64, 64), ("sm80", 64, 128, 128)]
+    assert compiled == [
+        ("sm90", 64, 64, 128), ("sm90", 128, 80, 128), ("sm90", 256, 64, 48),
+        ("sm80", 64, 64, 128),
+    ]
 
 
 # Soft-capping (a plan option, so its own kernels): every kernel class once per target, both

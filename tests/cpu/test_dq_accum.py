@@ -63,8 +63,9 @@ def test_sm90_backward_tiles_fit_shared_memory():
     )
 
     capacity = arch_from_name("sm_90a").smem_per_block
+    assert backward_dq_chunks(128, 80) == (2, 0)
     for head_dim, tiles in BACKWARD_TILES.items():
-        chunks, pad = backward_dq_chunks(head_dim)
-        assert (head_dim // chunks + pad) * 4 % 16 == 0
         for tile_m, tile_n, stages in tiles:
+            chunks, pad = backward_dq_chunks(head_dim, tile_m)
+            assert (head_dim // chunks + pad) * 4 % 16 == 0
             assert backward_smem_bytes(head_dim, tile_m, tile_n, stages) <= capacity

@@ -366,21 +366,23 @@ def test_backward_plans_carry_the_deterministic_switch(family, arch):
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_hopper_backward_family(head_dim):
     """sm90's backward takes every head dim, deterministic or not: 128 keys per CTA up to
-    d128, 64 at d192 (two Q / dO stages) and 64 with one stage at d256 (the wide variant, sized
-    to shared memory)."""
+    d128 (128 queries per step at d64, else 64), 64 at d192 (two Q / dO stages) and 64 with one
+    stage at d256 (the wide variant, sized to shared memory)."""
     plan = plan_backward(problem(head_dim))
     assert (plan.kind, plan.family) == ("backward", "sm90")
     assert plan_backward(problem(head_dim, deterministic=True)).family == "sm90"
     assert plan_backward(problem(head_dim, arch="sm_80")).family == "sm80"
-    tile_n, stages = {192: (64, 2), 256: (64, 1)}.get(head_dim, (128, 2))
+    tile_m, tile_n, stages = {64: (128, 128, 2), 192: (64, 64, 2), 256: (64, 64, 1)}.get(
+        head_dim, (64, 128, 2)
+    )
     assert (plan.tile_m, plan.tile_n, plan.num_threads, plan.num_stages) == (
-        64, tile_n, 384, stages
+        tile_m, tile_n, 384, stages
     )
     with pytest.raises(ValueError, match=r"deterministic"):
         check_plan(plan, problem(head_dim, deterministic=True))
     from cuteattn.kernels.sm90.family import backward_smem_bytes
 
-    assert backward_smem_bytes(head_dim, 64, tile_n, stages) <= arch_from_name(
+    assert backward_smem_bytes(head_dim, tile_m, tile_n, stages) <= arch_from_name(
         "sm_90a"
     ).smem_per_block
 

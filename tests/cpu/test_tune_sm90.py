@@ -68,7 +68,7 @@ def test_backward_candidates_are_the_family_offers(tune):
     assert all(plan.kind == "backward" and plan.causal for plan in plans.values())
     assert tune.planner_choice(HOPPER, wide, "bf16", "bwd") == "bwd-64x64"
     shape = Shape(dim=64, seqlen=4096, causal=True, batch=8, heads=32)
-    assert list(tune.backward_candidates(HOPPER, shape, "bf16")) == ["bwd-64x128"]
+    assert list(tune.backward_candidates(HOPPER, shape, "bf16")) == ["bwd-128x128", "bwd-64x128"]
     sm80 = tune.backward_candidates(HOPPER, shape, "bf16", family="sm80")
     assert list(sm80) == ["bwd-128x128-sm80", "bwd-64x128-sm80"]
     assert list(tune.backward_candidates(HOPPER, shape, "bf16", [128], "sm80")) == ["bwd-128x128-sm80"]

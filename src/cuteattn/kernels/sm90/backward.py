@@ -39,7 +39,8 @@ order (``kernels/common/turns.py``; causal: descending, the last key tiles dispa
 waiting for each step's additions to complete.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
-tile_m 64, tile_n 128 (two consumer warpgroups), Q / dO stages 2.
+tile_m 64 (d64: or 128; d128: or 80, dQ then computed transposed), tile_n 128 (two consumer
+warpgroups), Q / dO stages 2 (``family.BACKWARD_TILES``).
 """
 
 import enum
@@ -114,8 +115,15 @@ class FlashBackwardSm90(AttentionKernel):
         # reduction traffic), d96 cannot (48 columns are no whole swizzle atom).
         # Each consumer warpgroup's share goes through a (tile_m, dq_chunk_cols) buffer with
         # padded rows, as dq_accum's chunks are.
-        chunks, row_pad = backward_dq_chunks(self.head_dim)
+        chunks, row_pad = backward_dq_chunks(self.head_dim, self.tile_m)
         self.dq_split_dim = chunks == NUM_CONSUMER_WGS
+        # A query tile that is no multiple of WGMMA's M (FlashAttention-4's 80 rows at d128):
+        # dQ^T = K^T dS^T, dim along M, the warpgroups splitting it.
+        self.dq_transposed = self.tile_m % 64 != 0
+        # Query tiles past 64 rows hold more score registers per thread: dV is issued after
+        # dS^T is formed (see ``consume``).
+        self.dv_after_ds = self.tile_m > 64
+        assert not self.dq_transposed or self.dq_split_dim, "a transposed dQ splits dim"
         self.dq_chunk_cols = self.head_dim // chunks
         self.dq_row = self.dq_chunk_cols + row_pad
         self.dq_passes = 1  # dQ GEMMs (and buffer hand-overs) per warpgroup and step
@@ -169,6 +177,13 @@ class FlashBackwardSm90(AttentionKernel):
             atom_layout_mnk=(1, NUM_CONSUMER_WGS if self.dq_split_dim else 1, 1),
             tiler_mn=(64, self.dq_chunk_cols),
         )
+        if cutlass.const_expr(self.dq_transposed):
+            # dQ^T = K^T dS^T: A = K^T (dim x keys), B = dS (queries x keys), both MN-major;
+            # each warpgroup takes its chunk of dim along M.
+            tiled_mma_dq = hopper.make_trivial_tiled_mma(
+                self.dtype, self.dtype, mn_major, mn_major, Float32,
+                atom_layout_mnk=(NUM_CONSUMER_WGS, 1, 1), tiler_mn=(64, self.tile_m),
+            )
         return tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
 
     @cute.jit
@@ -646,9 +661,18 @@ class FlashBackwardSm90(AttentionKernel):
             keys = (KEYS_PER_WARPGROUP, self.tile_m)
             sdSt_dq = cute.flat_divide(sdSt, keys)[None, None, wg_idx, 0, None]
             sK_dq = cute.local_tile(sK, (KEYS_PER_WARPGROUP, self.head_dim), (wg_idx, 0))
-        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(_transposed(sdSt_dq)))
-        tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(_transposed(sK_dq)))
-        tdQsdQ = thr_dq.partition_C(sdQ_mine)
+        if cutlass.const_expr(self.dq_transposed):
+            dq_tile = (self.head_dim, self.tile_m)
+            tdQrK = wg_dq.make_fragment_A(wg_dq.partition_A(_transposed(sK)))
+            tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(_transposed(sdSt)))
+            # dQ^T's (dim, queries) view of the buffer.
+            tdQsdQ = thr_dq.partition_C(
+                cute.make_tensor(sdQ.iterator, cute.select(sdQ.layout, mode=[1, 0]))
+            )
+        else:
+            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(_transposed(sdSt_dq)))
+            tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(_transposed(sK_dq)))
+            tdQsdQ = thr_dq.partition_C(sdQ_mine)
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
@@ -715,13 +739,15 @@ class FlashBackwardSm90(AttentionKernel):
                     probs_rc[r, c] = prob
                     if cutlass.const_expr(self.softcap > 0):
                         scores[r, c] = capping.chain_score_grad(prob, score, self.softcap)
-            convert_packed(probs, tdVrPt)
-
-            # 3. dV += P^T dO (register A operand), issued before waiting for dP^T: the
-            # exponentials above overlap the dP^T GEMM (ptxas cannot hoist the wait above a
-            # WGMMA issue), and dV runs while dS^T is formed.
-            gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
-                 zero_init=False, wait_groups=1)
+            if cutlass.const_expr(not self.dv_after_ds):
+                convert_packed(probs, tdVrPt)
+                # 3. dV += P^T dO (register A operand), issued before waiting for dP^T: the
+                # exponentials above overlap the dP^T GEMM (ptxas cannot hoist the wait above a
+                # WGMMA issue), and dV runs while dS^T is formed.
+                gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
+                     zero_init=False, wait_groups=1)
+            else:
+                warpgroup.wait_group(0)  # dP^T
 
             # dS^T = P^T (dP^T - dpsum)
             col_dpsum = cute.make_rmem_tensor(num_cols, Float32)
@@ -731,11 +757,20 @@ class FlashBackwardSm90(AttentionKernel):
             for r in cutlass.range_constexpr(cute.size(dscores, mode=[0])):
                 for c in cutlass.range_constexpr(num_cols):
                     dscores[r, c] = scores[r, c] * (dscores[r, c] - col_dpsum[c])
+            if cutlass.const_expr(self.dv_after_ds):
+                # 3'. Taller query tiles (FlashAttention-4's order): dV once dS^T is formed and
+                # stored, so that P^T's bf16 copy is not live beside dP^T and dpsum (ptxas
+                # would spill), and no register is written while dV reads its A operand (ptxas
+                # would serialise every WGMMA of the kernel: C7512).
+                convert_packed(probs, tdVrPt)
             convert_packed(acc_dPt, tdKrdSt)
             # 4a. dS^T to shared memory now: once the dK GEMM below is issued, its A registers
             # may not be read until it completes.
             cute.copy(stmatrix, store_dst.retile(as_accumulator(tdKrdSt, acc_dPt)),
                       tdSsdSt[None, None, None, ds_stage])
+            if cutlass.const_expr(self.dv_after_ds):
+                gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
+                     zero_init=False, wait_groups=-1)
 
             # 4b. dQ = dS K once dS^T is complete in shared memory. Generic-proxy writes must
             # be visible to WGMMA (async proxy) before it reads them. The other dS^T buffer
@@ -743,8 +778,12 @@ class FlashBackwardSm90(AttentionKernel):
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=ds_ready, number_of_threads=ds_threads)
             acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(dq_tile), Float32)
-            gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_stage], tdQrK,
-                 zero_init=True, wait_groups=-1)
+            if cutlass.const_expr(self.dq_transposed):
+                gemm(tiled_mma_dq, acc_dQ, tdQrK, tdQrdS[None, None, None, ds_stage],
+                     zero_init=True, wait_groups=-1)
+            else:
+                gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_stage], tdQrK,
+                     zero_init=True, wait_groups=-1)
             # 3'. dK += dS^T Q (register A operand), in flight while dQ goes out.
             gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
                  zero_init=False, wait_groups=1)

@@ -94,16 +94,18 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
 
 # The backward's tiles per head dim, (tile_m, tile_n, Q / dO stages), the planner's first; two
 # consumer warpgroups. Head dims up to 128 (kernels/sm90/backward.py): 128 keys per CTA, 64 per
-# warpgroup with their dK and dV rows in registers. 192 and 256 (kernels/sm90/backward_wide.py):
+# warpgroup with their dK and dV rows in registers; d64 runs 128 queries per step
+# (FlashAttention-3/4's tile: 1.04-1.13x faster than 64 on the H200), d128 keeps 64 (80, FA4's
+# non-causal choice, ran 0.84-0.88x as fast here; 80 is no multiple of WGMMA's M: dQ computed
+# transposed, ``FlashBackwardSm90.dq_transposed``). 192 and 256 (kernels/sm90/backward_wide.py):
 # dK^T and dV^T with head_dim along WGMMA's M, 64 / 48 keys per CTA (the largest that fit shared
 # memory with two stages); d256 runs 64 keys with one Q / dO stage first (FlashAttention-4's
-# choice: 1.10-1.20x faster than 48 keys with two on the H200, ``scripts/tune_sm90.py --mode
-# bwd``, docs/PERF.md). Taller query tiles (d64 128, d128 80: wip/bwd-tall-tiles.diff) make
-# ptxas serialise every WGMMA (C7512, too few registers) in this kernel.
+# choice: 1.10-1.20x faster than 48 keys with two). Timings: ``scripts/tune_sm90.py --mode
+# bwd``, docs/PERF.md.
 BACKWARD_TILES = {
-    64: ((64, 128, 2),),
+    64: ((128, 128, 2), (64, 128, 2)),
     96: ((64, 128, 2),),
-    128: ((64, 128, 2),),
+    128: ((64, 128, 2), (80, 128, 2)),
     192: ((64, 64, 2),),
     256: ((64, 64, 1), (64, 48, 2)),
 }
@@ -115,10 +117,15 @@ SMEM_ALIGN = 1024  # the backward's shared buffers start on 1024-byte boundaries
 # dQ rows in shared memory and in dq_accum's chunks are padded by 8 floats (32 bytes): a warp's
 # 64-bit accumulator stores then take the minimum two wavefronts (rows start 8 banks apart).
 BACKWARD_DQ_ROW_PAD = 8
+# Transposed dQ (tile_m not a multiple of 64): unpadded rows, or the 80-row d128 tile would not
+# fit in shared memory. A warp's 32-bit stores (8 dims by 4 queries two apart) then meet 4-way
+# bank conflicts (FlashAttention-4 stores dQ in accumulator order and reorders it in its
+# postprocess instead).
+TRANSPOSED_DQ_ROW_PAD = 0
 WIDE_DQ_CHUNK = 64
 
 
-def backward_dq_chunks(head_dim: int) -> tuple[int, int]:
+def backward_dq_chunks(head_dim: int, tile_m: int = 64) -> tuple[int, int]:
     """(chunks, row_pad) of dq_accum for the sm90 backward. Up to d128 the two consumer
     warpgroups split dQ's columns where half the dim is whole 64- or 128-byte swizzle rows of K
     (d64, d128: a chunk each), otherwise each computes its own keys' share of every column (d96:
@@ -126,7 +133,8 @@ def backward_dq_chunks(head_dim: int) -> tuple[int, int]:
     if head_dim in WIDE_BACKWARD_SPLIT_DIM:
         return head_dim // WIDE_DQ_CHUNK, BACKWARD_DQ_ROW_PAD
     split = (head_dim // 2 * tiling.ELEM_BYTES) % 64 == 0
-    return (2 if split else 1), BACKWARD_DQ_ROW_PAD
+    pad = BACKWARD_DQ_ROW_PAD if tile_m % tiling.WARPGROUP_ROWS == 0 else TRANSPOSED_DQ_ROW_PAD
+    return (2 if split else 1), pad
 
 
 def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) -> int:
@@ -136,7 +144,7 @@ def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) ->
     padded fp32 dQ buffer per consumer warpgroup for the bulk reductions; then lse and dpsum
     per stage (checked against the compiled kernels' launch sizes: equal for every offered
     tile)."""
-    chunks, row_pad = backward_dq_chunks(head_dim)
+    chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
     buffers = (
         tile_n * head_dim * tiling.ELEM_BYTES,  # K
         tile_n * head_dim * tiling.ELEM_BYTES,  # V
@@ -310,7 +318,7 @@ class Sm90Family(KernelFamily):
 
     def dq_accum_chunks(self, plan: KernelPlan) -> tuple[int, int]:
         if plan.kind == "backward":
-            return backward_dq_chunks(plan.head_dim)
+            return backward_dq_chunks(plan.head_dim, plan.tile_m)
         return super().dq_accum_chunks(plan)
 
     def kernel(self, plan: KernelPlan):
