@@ -29,6 +29,17 @@ def _batch(seed, count, longest):
     return lengths_q, lengths_k
 
 
+def _training_batch(seed, count, longest, heads, head_dim, dtype=torch.bfloat16):
+    """A packed batch for a backward test: its lengths, q, k, v, dout and cumulative lengths."""
+    lengths_q, lengths_k = _batch(seed, count, longest)
+    heads_q, heads_kv = heads
+    q = torch.randn(sum(lengths_q), heads_q, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(sum(lengths_k), heads_kv, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    return lengths_q, lengths_k, q, k, v, dout, _cumulative(lengths_q), _cumulative(lengths_k)
+
+
 @pytest.mark.parametrize("seqused", (False, True))
 @pytest.mark.parametrize("window", (None, (5, 17), (256, 0), (-1, 64)), ids=str)
 @pytest.mark.parametrize("causal", (False, True))
@@ -102,13 +113,9 @@ def test_varlen_backward(family, head_dim, dtype, heads, causal, window, determi
     from cuteattn.testing import assert_grads_close
 
     skip_unless_family_runs(family)
-    lengths_q, lengths_k = _batch(head_dim + len(heads) + 7 * int(causal), 6, 600)
-    heads_q, heads_kv = heads
-    q = torch.randn(sum(lengths_q), heads_q, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(sum(lengths_k), heads_kv, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn_like(k)
-    dout = torch.randn_like(q)
-    cu_q, cu_k = _cumulative(lengths_q), _cumulative(lengths_k)
+    lengths_q, lengths_k, q, k, v, dout, cu_q, cu_k = _training_batch(
+        head_dim + len(heads) + 7 * int(causal), 6, 600, heads, head_dim, dtype
+    )
     window_size = window or (None, None)
 
     def grads():
@@ -133,12 +140,7 @@ def test_varlen_backward_with_seqused_k_and_a_sink():
     import cuteattn
     from cuteattn.testing import assert_grads_close
 
-    lengths_q, lengths_k = _batch(5, 5, 500)
-    q = torch.randn(sum(lengths_q), 8, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lengths_k), 2, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    dout = torch.randn_like(q)
-    cu_q, cu_k = _cumulative(lengths_q), _cumulative(lengths_k)
+    lengths_q, lengths_k, q, k, v, dout, cu_q, cu_k = _training_batch(5, 5, 500, (8, 2), 128)
     used = torch.tensor([n // 2 for n in lengths_k], dtype=torch.int32, device="cuda")
     sink = torch.randn(8, device="cuda")
     leaves = [x.detach().requires_grad_() for x in (q, k, v, sink)]
@@ -207,12 +209,7 @@ def test_varlen_many_sequences(family):
     from cuteattn.testing import assert_close_to_reference, assert_grads_close
 
     skip_unless_family_runs(family)
-    lengths_q, lengths_k = _batch(70, 70, 200)
-    q = torch.randn(sum(lengths_q), 4, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lengths_k), 2, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    dout = torch.randn_like(q)
-    cu_q, cu_k = _cumulative(lengths_q), _cumulative(lengths_k)
+    lengths_q, lengths_k, q, k, v, dout, cu_q, cu_k = _training_batch(70, 70, 200, (4, 2), 128)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     out, lse = cuteattn.flash_attn_varlen_func(
         *leaves, cu_q, cu_k, max(lengths_q) + 300, max(lengths_k) + 300, causal=True,
