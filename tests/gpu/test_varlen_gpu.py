@@ -228,7 +228,7 @@ def test_varlen_many_sequences(family):
 @pytest.mark.parametrize(
     "kernel_dim,dim,chunks,row_pad,tile",
     ((128, 128, 2, 8, 64), (96, 96, 1, 8, 64), (64, 40, 2, 8, 64), (256, 256, 4, 8, 64),
-     (64, 64, 1, 0, 128), (256, 200, 1, 0, 64)),
+     (64, 64, 1, 0, 128), (256, 200, 1, 0, 64), (64, 8, 2, 8, 64), (64, 16, 1, 0, 128)),
 )
 def test_varlen_dq_postprocess_reads_each_row_from_its_sequence_block(
     kernel_dim, dim, chunks, row_pad, tile

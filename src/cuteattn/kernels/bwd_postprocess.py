@@ -46,8 +46,9 @@ class VarlenDqPostprocess:
         self.chunk_dim = chunk_dim
         self.rows_tile = rows_tile
         # Threads per row: one per 8 of dq's columns, rounded up to a power of two that divides
-        # the CTA (the threads past dq's columns idle).
-        threads_per_row = 1
+        # the CTA (the threads past dq's columns idle), at least two: a pass then covers at
+        # most the CTA's 64 rows (head_dim 8 would otherwise get no pass at all).
+        threads_per_row = THREADS // ROWS_PER_CTA
         while threads_per_row * COLUMNS_PER_THREAD < head_dim:
             threads_per_row *= 2
         self.threads_per_row = threads_per_row
