@@ -40,7 +40,9 @@ class VarlenDqPostprocess:
                 f"multiples of {COLUMNS_PER_THREAD}"
             )
         if kernel_dim < head_dim or kernel_dim % chunks:
-            raise ValueError(f"kernel_dim {kernel_dim} cannot hold head_dim {head_dim} in {chunks} chunks")
+            raise ValueError(
+                f"kernel_dim {kernel_dim} cannot hold head_dim {head_dim} in {chunks} chunks"
+            )
         self.dtype = dtype
         self.head_dim = head_dim
         self.chunk_dim = chunk_dim
@@ -121,7 +123,9 @@ class VarlenDqPostprocess:
                     dst.store(zeros.load())
 
 
-def postprocess_fake_args(dtype: type[cutlass.Numeric], head_dim: int, kernel_dim: int, chunks: int, row_pad: int) -> tuple:
+def postprocess_fake_args(
+    dtype: type[cutlass.Numeric], head_dim: int, kernel_dim: int, chunks: int, row_pad: int
+) -> tuple:
     """(dq_accum, dq, cu_seqlens_q, max_seqlen_q, softmax_scale): fake tensors with symbolic
     sizes and strides (dq_accum's rows 16-byte aligned, as ``cuteattn.ops.new_dq_accum`` makes
     them)."""
