@@ -15,7 +15,8 @@ from cuteattn.runtime.deps import check_dependencies
 
 log = logging.getLogger("cuteattn")
 
-_compiled: dict[KernelPlan, object] = {}
+# Compiled kernels by plan, or by (kind, arch, sizes) for the pre- and postprocess kernels.
+_compiled: dict[object, object] = {}
 
 
 @functools.cache
@@ -56,38 +57,24 @@ def compile_backward(plan: KernelPlan):
     ))
 
 
-_preprocess_compiled: dict[tuple[str, str, int, int], object] = {}
-
-
 def compile_backward_preprocess(arch: str, dtype: str, head_dim: int, varlen_rows_tile: int = 0):
     """Compile (or fetch) the backward preprocess (``kernels/bwd_preprocess.py``), one per
     (arch, dtype, head_dim, varlen_rows_tile). Call it as ``fn(out, dout, lse, lse_log2, dpsum,
     cu_seqlens_q, max_seqlen_q)`` (varlen_rows_tile 0: a fixed-length batch, None and 0)."""
-    key = (arch, dtype, head_dim, varlen_rows_tile)
-    fn = _preprocess_compiled.get(key)
-    if fn is None:
-        _check_dependencies_once()
-        import cutlass.cute as cute
 
+    def build():
         from cuteattn.kernels.bwd_preprocess import BackwardPreprocess, preprocess_fake_args
         from cuteattn.kernels.common.compile_args import dsl_dtype
 
-        start = time.perf_counter()
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        fn = cute.compile(
-            BackwardPreprocess(
-                dtype=dsl_dtype(dtype), head_dim=head_dim, varlen_rows_tile=varlen_rows_tile
-            ),
-            *preprocess_fake_args(dsl_dtype(dtype), head_dim, varlen=varlen_rows_tile > 0),
-            stream,
-            options=f"--enable-tvm-ffi --gpu-arch {arch}",
+        kernel = BackwardPreprocess(
+            dtype=dsl_dtype(dtype), head_dim=head_dim, varlen_rows_tile=varlen_rows_tile
         )
-        _preprocess_compiled[key] = fn
-        log.info("compiled the backward preprocess %s in %.1f s", key, time.perf_counter() - start)
-    return fn
+        return kernel, preprocess_fake_args(
+            dsl_dtype(dtype), head_dim, varlen=varlen_rows_tile > 0
+        )
 
-
-_postprocess_compiled: dict[tuple, object] = {}
+    key = ("backward preprocess", arch, dtype, head_dim, varlen_rows_tile)
+    return _cached_compile(key, arch, build)
 
 
 def compile_varlen_dq_postprocess(
@@ -98,50 +85,49 @@ def compile_varlen_dq_postprocess(
     packed batch's backward: dq's head_dim and dtype, the plan's kernel head dim, dq_accum's
     (chunks, row_pad) and tile_m. Call it as ``fn(dq_accum, dq, cu_seqlens_q, max_seqlen_q,
     softmax_scale)`` (packed tensors as (1, total, heads, dim))."""
-    key = (arch, dtype, head_dim, kernel_dim, chunks, row_pad, rows_tile)
-    fn = _postprocess_compiled.get(key)
-    if fn is None:
-        _check_dependencies_once()
-        import cutlass.cute as cute
 
+    def build():
         from cuteattn.kernels.bwd_postprocess import VarlenDqPostprocess, postprocess_fake_args
         from cuteattn.kernels.common.compile_args import dsl_dtype
 
-        start = time.perf_counter()
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         kernel = VarlenDqPostprocess(
             dtype=dsl_dtype(dtype), head_dim=head_dim, kernel_dim=kernel_dim, chunks=chunks,
             rows_tile=rows_tile,
         )
-        fn = cute.compile(
-            kernel,
-            *postprocess_fake_args(dsl_dtype(dtype), head_dim, kernel_dim, chunks, row_pad),
-            stream,
-            options=f"--enable-tvm-ffi --gpu-arch {arch}",
-        )
-        _postprocess_compiled[key] = fn
-        log.info("compiled the varlen dq postprocess %s in %.1f s", key, time.perf_counter() - start)
-    return fn
+        fake_args = postprocess_fake_args(dsl_dtype(dtype), head_dim, kernel_dim, chunks, row_pad)
+        return kernel, fake_args
+
+    key = ("varlen dq postprocess", arch, dtype, head_dim, kernel_dim, chunks, row_pad, rows_tile)
+    return _cached_compile(key, arch, build)
 
 
 def _compile(plan: KernelPlan, fake_args):
-    fn = _compiled.get(plan)
-    if fn is None:
-        _check_dependencies_once()
+    def build():
         import cutlass
-        import cutlass.cute as cute
 
         family = get_family(plan.family)
         if not family.can_implement(plan, arch_from_name(plan.arch)):
             raise ValueError(f"kernel family {plan.family!r} cannot implement {plan}")
+        return family.kernel(plan), fake_args(family, cutlass)
+
+    return _cached_compile(plan, plan.arch, build)
+
+
+def _cached_compile(key, arch: str, build):
+    """The compiled kernel of ``key``, or compile it once: ``build()`` (called after the
+    dependency check, so it may import the DSL) returns the kernel object and its fake
+    arguments; the stream is torch's current one, through TVM-FFI."""
+    fn = _compiled.get(key)
+    if fn is None:
+        _check_dependencies_once()
+        import cutlass.cute as cute
+
+        kernel, fake_args = build()
         start = time.perf_counter()
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         fn = cute.compile(
-            family.kernel(plan),
-            *fake_args(family, cutlass),
-            stream,
-            options=f"--enable-tvm-ffi --gpu-arch {plan.arch}",
+            kernel, *fake_args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}"
         )
-        _compiled[plan] = fn
-        log.info("compiled %s in %.1f s", plan, time.perf_counter() - start)
+        _compiled[key] = fn
+        log.info("compiled %s in %.1f s", key, time.perf_counter() - start)
     return fn
