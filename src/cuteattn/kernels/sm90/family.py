@@ -187,8 +187,9 @@ class Sm90Family(KernelFamily):
         if pingpong is None:
             pingpong = default_pingpong(head_dim, tile_m)
         tuning = ()
-        if dict(features).get("softcap", 0.0) > 0 and softcap_exp2_poly_every() > 0:
-            tuning = (("exp2_poly", softcap_exp2_poly_every()),)
+        if dict(features).get("softcap", 0.0) > 0:
+            every = softcap_exp2_poly_every()
+            tuning = (("exp2_poly", every),) if every > 0 else ()
         return KernelPlan(
             family=self.name,
             arch=arch.name,
