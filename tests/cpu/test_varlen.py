@@ -238,7 +238,7 @@ def test_dsink_ignores_rows_of_no_sequence():
 def test_row_zeroing_threads_tile_the_rows_exactly(rows, threads_per_row, num_threads, used):
     """The sm90 kernels zero the rows past a sequence with 16-byte stores: the storing threads'
     row blocks tile the tile's rows exactly, never past its end (d256's 48-key tiles)."""
-    from cuteattn.kernels.sm90.forward import _row_store_threads
+    from cuteattn.kernels.sm90.smem import row_store_threads
 
-    got = _row_store_threads(rows, threads_per_row, num_threads)
+    got = row_store_threads(rows, threads_per_row, num_threads)
     assert got == used and rows % (got // threads_per_row) == 0 and got <= num_threads

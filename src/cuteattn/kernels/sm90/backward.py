@@ -71,7 +71,7 @@ from cuteattn.kernels.common.tile_scheduler import (
 )
 from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
 from cuteattn.kernels.sm90.family import backward_dq_chunks
-from cuteattn.kernels.sm90.forward import _permuted, _smem_layout, _transposed, zero_rows_from
+from cuteattn.kernels.sm90.smem import permuted, smem_layout, transposed, zero_rows_from
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
 
 KEYS_PER_WARPGROUP = 64
@@ -142,7 +142,7 @@ class FlashBackwardSm90(AttentionKernel):
         K^T as an MN-major operand, which must start on a swizzle atom: the atom is sized to
         half the dim (d64: 32 columns, 64-byte swizzle; d128: 64, 128-byte)."""
         if not self.dq_split_dim:
-            return _smem_layout(self.dtype, self.tile_n, self.head_dim)
+            return smem_layout(self.dtype, self.tile_n, self.head_dim)
         atom = warpgroup.make_smem_layout_atom(
             hopper.get_smem_layout_atom(
                 LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim // NUM_CONSUMER_WGS
@@ -154,7 +154,7 @@ class FlashBackwardSm90(AttentionKernel):
     def pds_layout(self):
         """The bf16 score-gradient buffers: dS^T (keys, queries), queries contiguous, read as
         dS (queries x keys), MN-major; two stages."""
-        return _smem_layout(self.dtype, self.tile_n, self.tile_m, DS_STAGES)
+        return smem_layout(self.dtype, self.tile_n, self.tile_m, DS_STAGES)
 
     def make_tiled_mmas(self):
         """(S / dP, dK / dV, dQ) tiled MMAs."""
@@ -222,14 +222,14 @@ class FlashBackwardSm90(AttentionKernel):
             grid = VarlenTileScheduler.grid_shape(tile_counts)
         # TMA boxes tile the first two modes: (seqlen, dim, heads, batch).
         tQ, tK, tV, tdO, tdK, tdV = (
-            _permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)
+            permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)
         )
 
-        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
-        sKV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
+        sQ_layout = smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
+        sKV_layout = smem_layout(self.dtype, self.tile_n, self.head_dim)
         # dO and V: dim_v columns (the same layouts where dim_v == dim).
-        sdO_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim_v, self.num_stages)
-        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim_v)
+        sdO_layout = smem_layout(self.dtype, self.tile_m, self.head_dim_v, self.num_stages)
+        sV_layout = smem_layout(self.dtype, self.tile_n, self.head_dim_v)
         sK_layout = self.k_smem_layout()
         sPdS_layout = self.pds_layout()
         # lse and dpsum of a step's queries, one per Q / dO stage.
@@ -649,8 +649,8 @@ class FlashBackwardSm90(AttentionKernel):
         tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
         tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         # dV += P^T dO, dK += dS^T Q: B = dO^T / Q^T, (dim, queries) MN-major views.
-        tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(_transposed(sdO)))
-        tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(_transposed(sQ)))
+        tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sdO)))
+        tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sQ)))
         tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((self.tile_n, self.tile_m)))
         tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((self.tile_n, self.tile_m)))
         if cutlass.const_expr(self.dq_split_dim):
@@ -663,15 +663,15 @@ class FlashBackwardSm90(AttentionKernel):
             sK_dq = cute.local_tile(sK, (KEYS_PER_WARPGROUP, self.head_dim), (wg_idx, 0))
         if cutlass.const_expr(self.dq_transposed):
             dq_tile = (self.head_dim, self.tile_m)
-            tdQrK = wg_dq.make_fragment_A(wg_dq.partition_A(_transposed(sK)))
-            tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(_transposed(sdSt)))
+            tdQrK = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sK)))
+            tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sdSt)))
             # dQ^T's (dim, queries) view of the buffer.
             tdQsdQ = thr_dq.partition_C(
                 cute.make_tensor(sdQ.iterator, cute.select(sdQ.layout, mode=[1, 0]))
             )
         else:
-            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(_transposed(sdSt_dq)))
-            tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(_transposed(sK_dq)))
+            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sdSt_dq)))
+            tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sK_dq)))
             tdQsdQ = thr_dq.partition_C(sdQ_mine)
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)

@@ -40,7 +40,7 @@ from cuteattn.kernels.sm90.backward import (
     consumer_thread,
 )
 from cuteattn.kernels.sm90.family import WIDE_BACKWARD_SPLIT_DIM
-from cuteattn.kernels.sm90.forward import _transposed
+from cuteattn.kernels.sm90.smem import transposed
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm
 
 DQ_CHUNK_COLS = 64
@@ -137,13 +137,13 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         tSrK = wg_sdp.make_fragment_B(wg_sdp.partition_B(sK))
         tdPrdO = wg_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
         tdPrV = wg_sdp.make_fragment_B(wg_sdp.partition_B(sV))
-        tdVrdOt = wg_dkv.make_fragment_A(wg_dkv.partition_A(_transposed(sdO)))
-        tdVrPt = wg_dkv.make_fragment_B(wg_dkv.partition_B(_transposed(sP)))
-        tdKrQt = wg_dkv.make_fragment_A(wg_dkv.partition_A(_transposed(sQ)))
-        tdKrdSt = wg_dkv.make_fragment_B(wg_dkv.partition_B(_transposed(sdS)))
+        tdVrdOt = wg_dkv.make_fragment_A(wg_dkv.partition_A(transposed(sdO)))
+        tdVrPt = wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sP)))
+        tdKrQt = wg_dkv.make_fragment_A(wg_dkv.partition_A(transposed(sQ)))
+        tdKrdSt = wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sdS)))
         # dQ: A = dS over the keys this warpgroup adds (all, or its half), B = those keys of
         # K^T, one 64-column chunk of it per pass.
-        sKt = _transposed(sK)  # (dim, keys)
+        sKt = transposed(sK)  # (dim, keys)
         if cutlass.const_expr(self.split_dim):
             sdS_dq = sdS
             sKt_dq = sKt

@@ -54,7 +54,6 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as hopper
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common.block_info import BlockInfo
@@ -82,6 +81,7 @@ from cuteattn.kernels.common.tile_scheduler import (
 )
 from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
 from cuteattn.kernels.sm90 import tiling
+from cuteattn.kernels.sm90.smem import permuted, smem_layout, transposed, zero_rows_from
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
     NamedBarrier,
@@ -93,62 +93,11 @@ from cuteattn.kernels.sm90.warpgroup import (
 RESCALE_THRESHOLD = 8.0
 
 
-def _smem_layout(dtype, rows: int, cols: int, stages: int | None = None):
-    """Swizzled K-major (rows, cols[, stages]) layout that WGMMA and TMA both read."""
-    atom = warpgroup.make_smem_layout_atom(
-        hopper.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
-    )
-    shape = (rows, cols) if stages is None else (rows, cols, stages)
-    return cute.tile_to_shape(atom, shape, (0, 1) if stages is None else (0, 1, 2))
-
-
-def _transposed(tensor: cute.Tensor) -> cute.Tensor:
-    """(rows, cols, ...) smem tensor seen as (cols, rows, ...): V as the B operand of P V."""
-    shape = (tensor.shape[1], tensor.shape[0], *tensor.shape[2:])
-    order = (1, 0, *range(2, cute.rank(tensor)))
-    return cute.composition(tensor, cute.make_ordered_layout(shape, order=order))
-
-
 def wait_stage(stage_pipeline: pipeline.PipelineAsync, state: pipeline.PipelineState):
     """Wait until ``state``'s stage is full: one try_wait first, the blocking wait only if the
     stage is not ready. (A bare consumer_wait is a try_wait loop with a 10 ms suspend hint
     inline in the main loop: NANOSLEEP.SYNCS on every retry.)"""
     stage_pipeline.consumer_wait(state, stage_pipeline.consumer_try_wait(state))
-
-
-def _row_store_threads(rows: int, threads_per_row: int, num_threads: int) -> int:
-    """How many of ``num_threads`` store a tile's rows so that their row blocks tile the rows
-    exactly (a 48-row tile, 32 rows a pass, would be written past its end)."""
-    rows_per_pass = num_threads // threads_per_row
-    while rows % rows_per_pass:
-        rows_per_pass //= 2
-    return rows_per_pass * threads_per_row
-
-
-@cute.jit
-def zero_rows_from(
-    tile: cute.Tensor, first_row: Int32, tidx: Int32, num_threads: cutlass.Constexpr[int]
-):
-    """Zero a shared (rows, cols) tile's rows at and past ``first_row`` with 16-byte stores
-    (the swizzle keeps 16-byte chunks whole), thread ``tidx`` of ``num_threads``; the caller
-    fences and synchronises. Varlen: what TMA loaded past a sequence (the next one's rows, or
-    whatever lies past the packed tensor): P = 0 or dS = 0 times a NaN there would still be NaN."""
-    rows, cols = cute.size(tile, mode=[0]), cute.size(tile, mode=[1])
-    dtype = tile.element_type
-    atom = smem_tile_atom(dtype, cols)
-    used = _row_store_threads(rows, atom.outer.shape[1] * dtype.width // 128, num_threads)
-    _, row_stores = gmem_row_copies(dtype, atom, used)
-    if tidx < used:
-        thr_stores = row_stores.get_slice(tidx)
-        tSsS = thr_stores.partition_D(tile)
-        tScS = thr_stores.partition_D(cute.make_identity_tensor((rows, cols)))
-        for m in cutlass.range_constexpr(cute.size(tSsS, mode=[1])):
-            if tScS[0, m, 0][0] >= first_row:
-                tSsS[None, m, None].fill(0)
-
-
-def _permuted(tensor: cute.Tensor, modes: list[int]) -> cute.Tensor:
-    return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=modes))
 
 
 def _pack_heads(tensor: cute.Tensor, group: int, *, seq: int, head: int, inner=(), outer=()):
@@ -281,7 +230,7 @@ class FlashForwardSm90(AttentionKernel):
 
         # TMA boxes tile the leading modes: K, V as (seqlen, dim, heads, batch); Q, O likewise
         # or, packed, as (group, seqlen, dim, heads_kv, batch) with the LSE to match.
-        mK, mV = (_permuted(t, [1, 3, 2, 0]) for t in (mK, mV))
+        mK, mV = (permuted(t, [1, 3, 2, 0]) for t in (mK, mV))
         if cutlass.const_expr(packed):
             mQ, mO = (
                 _pack_heads(t, self.pack_gqa, seq=1, head=2, inner=(3,), outer=(0,))
@@ -289,13 +238,13 @@ class FlashForwardSm90(AttentionKernel):
             )
             mLSE = _pack_heads(mLSE, self.pack_gqa, seq=2, head=1, outer=(0,))
         else:
-            mQ, mO = (_permuted(t, [1, 3, 2, 0]) for t in (mQ, mO))
-            mLSE = _permuted(mLSE, [2, 1, 0])  # (seqlen_q, heads_q, batch)
+            mQ, mO = (permuted(t, [1, 3, 2, 0]) for t in (mQ, mO))
+            mLSE = permuted(mLSE, [2, 1, 0])  # (seqlen_q, heads_q, batch)
 
-        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim)
-        sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
-        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
-        sO_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim_v)
+        sQ_layout = smem_layout(self.dtype, self.tile_m, self.head_dim)
+        sK_layout = smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
+        sV_layout = smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
+        sO_layout = smem_layout(self.dtype, self.tile_m, self.head_dim_v)
         o_elems = cute.cosize(sO_layout) if cutlass.const_expr(self.persistent) else 0
 
         @cute.struct
@@ -685,7 +634,7 @@ class FlashForwardSm90(AttentionKernel):
         wg_mma_pv = tiled_mma_pv.get_slice(wg_idx * THREADS_PER_WARPGROUP)
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
-        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(_transposed(sV)))
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(transposed(sV)))
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = cute.make_rmem_tensor(
             tiled_mma_pv.partition_shape_C((self.tile_m, self.head_dim_v)), Float32
