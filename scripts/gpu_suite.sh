@@ -26,7 +26,7 @@ declare -A SUITES=(
   [headdim]="tests/gpu/test_head_dims.py"
   [dimv]="tests/gpu/test_dim_v.py"
   [forward]="tests/gpu/test_forward.py tests/gpu/test_forward_robustness.py tests/gpu/test_long_context.py tests/gpu/test_pack_gqa.py tests/gpu/test_scheduler_visits.py"
-  [backward]="tests/gpu/test_backward.py"
+  [backward]="tests/gpu/test_backward.py tests/gpu/test_dq_postprocess.py"
 )
 case "${1:-features}" in
   features) names="softcap sink window varlen empty headdim dimv" ;;

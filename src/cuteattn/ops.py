@@ -63,8 +63,8 @@ from cuteattn.runtime.arch import device_arch
 from cuteattn.runtime.compile import (
     compile_backward,
     compile_backward_preprocess,
+    compile_dq_postprocess,
     compile_forward,
-    compile_varlen_dq_postprocess,
 )
 
 
@@ -297,12 +297,12 @@ def launch_backward(
     Three launches: the preprocess kernel (``kernels/bwd_preprocess.py``: rowsum(dout * out)
     and lse in log2 units, +inf where the forward saw no key so those probabilities are 0,
     both padded to whole query tiles), the plan's kernel (dk, dv; dS K accumulated in fp32),
-    and the postprocess dq = softmax_scale * accumulator in dq's dtype (one PyTorch op).
+    and the postprocess dq = softmax_scale * accumulator in dq's dtype (``dq_from_accum``).
     """
     if has_no_work(q, k):
         return backward_without_kernel(q, k, v, dq=dq, dk=dk, dv=dv)
     with torch.cuda.device(q.device):
-        batch, seqlen_q, heads_q, dim = q.shape
+        batch, seqlen_q, heads_q, _ = q.shape
         rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
         f32 = dict(dtype=torch.float32, device=q.device)
         dpsum = torch.empty(batch, heads_q, rows, **f32)
@@ -328,9 +328,7 @@ def launch_backward(
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, None, None, None, 0,
             softmax_scale,
         )
-        if dq is None:
-            dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dq_from_accum(dq_accum, softmax_scale, dq, kernel_dim=plan.head_dim)
+        dq = dq_from_accum(dq_accum, softmax_scale, q, plan, dq=dq)
     return dq, dk, dv
 
 
@@ -358,23 +356,38 @@ def new_dq_accum(
 
 
 def dq_from_accum(
-    dq_accum: torch.Tensor, softmax_scale: float, dq: torch.Tensor, kernel_dim: int | None = None
+    dq_accum: torch.Tensor, softmax_scale: float, q: torch.Tensor, plan: KernelPlan, *,
+    dq: torch.Tensor | None = None, cu_seqlens_q: torch.Tensor | None = None,
+    max_seqlen_q: int = 0, zero_kv_tails: tuple | None = None,
 ) -> torch.Tensor:
-    """The postprocess: dq (batch, seqlen_q, heads_q, dim) = softmax_scale * the accumulator,
-    cast to dq's dtype, through (batch, seqlen_q, heads_q, chunks, chunk_dim) views of both (one
-    strided pass; the row padding and the padded rows are not read). ``kernel_dim``: the
-    kernel's head dim when it padded dq's (its columns past dq's are dropped)."""
-    chunks = dq_accum.shape[2]
-    dim = dq.shape[-1]
-    if kernel_dim is not None and kernel_dim != dim:
-        chunk_dim = kernel_dim // chunks
-        accumulated = dq_accum[:, :, :, : dq.shape[1], :chunk_dim].permute(0, 3, 1, 2, 4)
-        columns = accumulated.flatten(-2)[..., :dim]  # (batch, seqlen_q, heads, dim): a copy
-        torch.mul(columns, softmax_scale, out=dq)
-        return dq
-    chunk_dim = dim // chunks
-    accumulated = dq_accum[:, :, :, : dq.shape[1], :chunk_dim].permute(0, 3, 1, 2, 4)
-    torch.mul(accumulated, softmax_scale, out=dq.unflatten(-1, (chunks, chunk_dim)))
+    """The postprocess kernel (``kernels/bwd_postprocess.py``): dq = softmax_scale * the
+    accumulator of ``plan``'s backward, cast to q's dtype, into ``dq`` (any strides: through a
+    kernel-addressable copy when it is not) or a new tensor. Packed (varlen) batches: q (total_q,
+    heads, dim) and the cumulative lengths (each sequence's rows from its tile-aligned block;
+    zeros past the last sequence); ``zero_kv_tails`` (dk, dv, cu_seqlens_k): zeros in their
+    rows past the last sequence too."""
+    chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
+    varlen = cu_seqlens_q is not None
+    dk, dv, cu_seqlens_k = zero_kv_tails or (None, None, None)
+    postprocess = compile_dq_postprocess(
+        plan.arch, plan.dtype, q.shape[-1], plan.head_dim, chunks, row_pad,
+        varlen_rows_tile=plan.tile_m if varlen else 0,
+        zero_kv_dims=None if dk is None else (dk.shape[-1], dv.shape[-1]),
+    )
+    target = dq
+    if target is None or not validate.kernel_addressable(target):
+        target = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if varlen:
+        target4 = target.unsqueeze(0)
+        dk, dv = (None, None) if dk is None else (dk.unsqueeze(0), dv.unsqueeze(0))
+    postprocess(
+        dq_accum, target4 if varlen else target, cu_seqlens_q, max_seqlen_q, softmax_scale,
+        dk, dv, cu_seqlens_k,
+    )
+    if dq is None:
+        return target
+    if target is not dq:
+        dq.copy_(target)
     return dq
 
 
@@ -532,11 +545,11 @@ def launch_varlen_backward(
 ):
     """The backward of a packed batch (q, dout, out (total_q, heads_q, dim), k, v (total_k,
     heads_kv, dim), lse (heads_q, total_q)): returns new (dq, dk, dv). As ``launch_backward``,
-    with the per-row buffers laid out per sequence on whole tiles (``padded_rows``) and the
-    postprocess a kernel (``kernels/bwd_postprocess.py``: each packed row from its sequence's
-    block, zeros past the last sequence); dk and dv start at 0 (rows of no sequence, or past
-    seqused_k, get no gradient from the kernel)."""
-    total_q, heads_q, dim = q.shape
+    with the per-row buffers laid out per sequence on whole tiles (``padded_rows``; the
+    postprocess reads each packed row from its sequence's block, zeros past the last sequence);
+    rows of dk and dv that no sequence owns get zeros (from the postprocess; with seqused_k,
+    which leaves rows inside the sequences unwritten, dk and dv start at 0)."""
+    total_q, heads_q, _ = q.shape
     num_seqs = cu_seqlens_q.shape[0] - 1
     with torch.cuda.device(q.device):
         rows = padded_rows(total_q, num_seqs, plan.tile_m)
@@ -555,8 +568,12 @@ def launch_varlen_backward(
         )
         chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
         dq_accum = new_dq_accum(q4, rows, chunks, row_pad, head_dim=plan.head_dim)
-        dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        # The kernel writes every key row of every sequence up to its keys used: only
+        # seqused_k leaves rows inside the sequences unwritten; the postprocess zeroes the rows
+        # past the last one.
+        new_grad = torch.empty if seqused_k is None else torch.zeros
+        dk = new_grad(k.shape, dtype=k.dtype, device=k.device)
+        dv = new_grad(v.shape, dtype=v.dtype, device=v.device)
         semaphore = None
         if plan.option("deterministic", False):
             semaphore = torch.zeros(
@@ -567,12 +584,10 @@ def launch_varlen_backward(
             q4, k4, v4, dout4, lse_log2, dpsum, dq_accum, dk.unsqueeze(0), dv.unsqueeze(0),
             semaphore, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_k, softmax_scale,
         )
-        # dq: each packed row from its sequence's rows of the accumulator.
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        postprocess = compile_varlen_dq_postprocess(
-            plan.arch, plan.dtype, dim, plan.head_dim, chunks, row_pad, plan.tile_m
+        dq = dq_from_accum(
+            dq_accum, softmax_scale, q, plan, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+            zero_kv_tails=None if seqused_k is not None else (dk, dv, cu_seqlens_k),
         )
-        postprocess(dq_accum, dq.unsqueeze(0), cu_seqlens_q, max_seqlen_q, softmax_scale)
     return dq, dk, dv
 
 

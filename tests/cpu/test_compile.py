@@ -136,11 +136,18 @@ def test_backward_compiles_full_matrix(case):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", TARGETS)
-def test_backward_preprocess_compiles(arch):
-    from cuteattn.runtime.compile import compile_backward_preprocess
+def test_backward_preprocess_and_postprocess_compile(arch):
+    """The preprocess per dim; the dq postprocess of fixed-length batches for each dq_accum
+    layout the families use (sm80: one plain chunk; sm90: 2 or 4 chunks with padded rows, one
+    with a padded head dim)."""
+    from cuteattn.runtime.compile import compile_backward_preprocess, compile_dq_postprocess
 
+    name = arch_from_name(arch).name
     for head_dim, dtype in ((64, "bf16"), (96, "fp16"), (256, "bf16")):
-        assert compile_backward_preprocess(arch_from_name(arch).name, dtype, head_dim) is not None
+        assert compile_backward_preprocess(name, dtype, head_dim) is not None
+    layouts = ((64, 64, 1, 0), (128, 128, 2, 8), (200, 256, 4, 8))
+    for head_dim, kernel_dim, chunks, row_pad in layouts:
+        assert compile_dq_postprocess(name, "bf16", head_dim, kernel_dim, chunks, row_pad)
 
 
 @pytest.mark.compile
@@ -300,18 +307,17 @@ def test_varlen_compiles(case):
         sm80 = plan_backward(dataclasses.replace(problem, deterministic=causal), family="sm80")
         assert compile_backward(sm80) is not None, sm80
     from cuteattn.plan import get_family
-    from cuteattn.runtime.compile import (
-        compile_backward_preprocess,
-        compile_varlen_dq_postprocess,
-    )
+    from cuteattn.runtime.compile import compile_backward_preprocess, compile_dq_postprocess
 
     assert compile_backward_preprocess(
         backward.arch, dtype, head_dim, varlen_rows_tile=backward.tile_m
     ) is not None
     chunks, row_pad = get_family(backward.family).dq_accum_chunks(backward)
-    assert compile_varlen_dq_postprocess(
-        backward.arch, dtype, head_dim, backward.head_dim, chunks, row_pad, backward.tile_m
-    ) is not None
+    for zero_kv_dims in (None, (head_dim, head_dim)):
+        assert compile_dq_postprocess(
+            backward.arch, dtype, head_dim, backward.head_dim, chunks, row_pad, backward.tile_m,
+            zero_kv_dims=zero_kv_dims,
+        ) is not None
 
 
 # Head dims between the kernels' (the sm90 forward pads them to the next one; the inputs keep

@@ -1,16 +1,19 @@
-"""Varlen backward postprocess, shared by every family: dq = softmax_scale * the fp32
-accumulator, cast to dq's dtype, from each sequence's rows of the per-row buffers into its
-packed rows.
+"""Backward postprocess, shared by every family: dq = softmax_scale * the fp32 accumulator,
+cast to dq's dtype, in one pass.
 
-The main kernel adds dQ into dq_accum (1, heads_q, chunks, rows, chunk_dim + row_pad), where
-sequence b's rows start on a whole query tile (``padded_rows_start``), so the packed dq cannot
-be one strided view of it. One pass here reads each accumulator row once and writes dq's row
-(the PyTorch form it replaces gathered an fp32 copy first, then scaled it: three times the
-traffic). Packed rows past cu_seqlens_q[-1] belong to no sequence: they get zeros.
+The main kernel adds dQ into dq_accum (batch, heads_q, chunks, rows, chunk_dim + row_pad): column
+chunks one after the other, rows padded to whole query tiles. Fixed-length batches read each
+(batch, head)'s first seqlen_q rows. Packed (varlen) batches (dq_accum's batch 1, dq (1, total_q,
+heads_q, dim)): sequence b's rows start on a whole query tile there (``padded_rows_start``), and
+the packed rows past cu_seqlens_q[-1] belong to no sequence: they get zeros; so do dk's and dv's
+rows past cu_seqlens_k[-1] when they are given (the main kernel writes all the others unless
+seqused_k leaves some out).
 
-One CTA of 128 threads covers 64 rows of one (sequence, head): head_dim / 8 threads per row,
-each scaling 8 contiguous columns (two 16-byte loads, one 16-byte store). The extra grid slice
-z = num_seqs zeroes the packed rows past the last sequence, striding over them.
+One CTA of 128 threads covers 64 rows of one (batch or sequence, head): threads per row one per 8
+of dq's columns (rounded up to a power of two), each scaling 8 contiguous columns (two 16-byte
+loads, one 16-byte store). Varlen: the extra grid slice z = num_seqs zeroes the packed rows past
+the last sequence, striding over them. Dq may have any 16-byte multiple strides (the caller's
+buffer).
 """
 
 import cutlass
@@ -24,10 +27,11 @@ COLUMNS_PER_THREAD = 8
 ROWS_PER_CTA = 64
 
 
-class VarlenDqPostprocess:
+class DqPostprocess:
     """``head_dim``: dq's; ``kernel_dim``: the main kernel's (>= head_dim, its padded columns
     dropped); ``chunks``: dq_accum's column chunks (``KernelFamily.dq_accum_chunks``);
-    ``rows_tile``: the main kernel's tile_m (the per-row buffers' sequence alignment)."""
+    ``rows_tile``: varlen: the main kernel's tile_m (the per-row buffers' sequence alignment),
+    0: a fixed-length batch."""
 
     def __init__(
         self, *, dtype: type[cutlass.Numeric], head_dim: int, kernel_dim: int, chunks: int,
@@ -58,17 +62,23 @@ class VarlenDqPostprocess:
     @cute.jit
     def __call__(
         self,
-        mdQaccum: cute.Tensor,  # (1, heads_q, chunks, rows, chunk_dim + row_pad) fp32
-        mdQ: cute.Tensor,  # (1, total_q, heads_q, head_dim)
-        mCuSeqlensQ: cute.Tensor,  # (num_seqs + 1,) int32
-        max_seqlen_q: Int32,
+        mdQaccum: cute.Tensor,  # (batch, heads_q, chunks, rows, chunk_dim + row_pad) fp32
+        mdQ: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim); varlen: (1, total_q, ...)
+        mCuSeqlensQ: cute.Tensor | None,  # varlen: (num_seqs + 1,) int32, else None
+        max_seqlen_q: Int32,  # varlen: the longest sequence, else unused
         softmax_scale: Float32,
+        mdK: cute.Tensor | None,  # varlen, optional: (1, total_k, heads_kv, head_dim)
+        mdV: cute.Tensor | None,  # with mdK: (1, total_k, heads_kv, dim_v)
+        mCuSeqlensK: cute.Tensor | None,  # with mdK: (num_seqs + 1,) int32
         stream,
     ):
-        num_seqs = mCuSeqlensQ.shape[0] - 1
-        # z = num_seqs: the rows past the last sequence.
-        grid = (cute.ceil_div(max_seqlen_q, ROWS_PER_CTA), mdQ.shape[2], num_seqs + 1)
-        self.kernel(mdQaccum, mdQ, mCuSeqlensQ, softmax_scale).launch(
+        if cutlass.const_expr(self.rows_tile > 0):
+            # z = num_seqs: the rows past the last sequence.
+            num_seqs = mCuSeqlensQ.shape[0] - 1
+            grid = (cute.ceil_div(max_seqlen_q, ROWS_PER_CTA), mdQ.shape[2], num_seqs + 1)
+        else:
+            grid = (cute.ceil_div(mdQ.shape[1], ROWS_PER_CTA), mdQ.shape[2], mdQ.shape[0])
+        self.kernel(mdQaccum, mdQ, mCuSeqlensQ, softmax_scale, mdK, mdV, mCuSeqlensK).launch(
             grid=grid, block=[THREADS, 1, 1], stream=stream
         )
 
@@ -77,73 +87,126 @@ class VarlenDqPostprocess:
         self,
         mdQaccum: cute.Tensor,
         mdQ: cute.Tensor,
-        mCuSeqlensQ: cute.Tensor,
+        mCuSeqlensQ: cute.Tensor | None,
         softmax_scale: Float32,
+        mdK: cute.Tensor | None,
+        mdV: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         row_block, head, batch = cute.arch.block_idx()
-        grid_rows, _, _ = cute.arch.grid_dim()
-        num_seqs = mCuSeqlensQ.shape[0] - 1
-        lane_in_row = tidx % self.threads_per_row
-        row_in_pass = tidx // self.threads_per_row
-        rows_per_pass = THREADS // self.threads_per_row
+        if cutlass.const_expr(self.rows_tile > 0):
+            num_seqs = mCuSeqlensQ.shape[0] - 1
+            if batch < num_seqs:
+                seqlen = SeqlenInfo.varlen(
+                    mCuSeqlensQ, mCuSeqlensQ, None, batch, rows_tile=self.rows_tile
+                )
+                self.scale_rows(mdQaccum, mdQ, seqlen, row_block, head, batch, softmax_scale, tidx)
+            else:
+                self.zero_rows_from(mdQ, mCuSeqlensQ[num_seqs], row_block, head, tidx)
+                if cutlass.const_expr(mdK is not None):
+                    # The main kernel writes every key row of every sequence (zeros where no
+                    # query sees it) but none past the last sequence.
+                    if head < mdK.shape[2]:
+                        first_key = mCuSeqlensK[num_seqs]
+                        self.zero_rows_from(mdK, first_key, row_block, head, tidx)
+                        self.zero_rows_from(mdV, first_key, row_block, head, tidx)
+        else:
+            seqlen = SeqlenInfo.fixed(mdQ, mdQ)
+            self.scale_rows(mdQaccum, mdQ, seqlen, row_block, head, batch, softmax_scale, tidx)
+
+    def thread_columns(self, tidx):
+        """(lane in its row, row within a pass, rows per pass): this thread's 8 columns of a
+        row are lane * 8 ..."""
+        return (
+            tidx % self.threads_per_row, tidx // self.threads_per_row,
+            THREADS // self.threads_per_row,
+        )
+
+    @cute.jit
+    def scale_rows(
+        self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, seqlen: SeqlenInfo, row_block: Int32,
+        head: Int32, batch: Int32, softmax_scale: Float32, tidx: Int32,
+    ):
+        """dq's rows row_block * 64 ... of (batch, head) from the accumulator, scaled and cast."""
+        lane_in_row, row_in_pass, rows_per_pass = self.thread_columns(tidx)
         column = lane_in_row * COLUMNS_PER_THREAD
         chunk = column // self.chunk_dim
         chunk_slice = (column % self.chunk_dim) // COLUMNS_PER_THREAD
-        if batch < num_seqs:
-            seqlen = SeqlenInfo.varlen(
-                mCuSeqlensQ, mCuSeqlensQ, None, batch, rows_tile=self.rows_tile
-            )
-            accum = seqlen.buffer_rows(
-                mdQaccum[None, None, chunk, None, None], batch, head, packed=True,
-                rows_tile=self.rows_tile,
-            )
-            dq_rows = seqlen.rows(mdQ, batch, head, keys=False, packed=True)
-            for p in cutlass.range_constexpr(ROWS_PER_CTA // rows_per_pass):
-                row = row_block * ROWS_PER_CTA + p * rows_per_pass + row_in_pass
-                if row < seqlen.seqlen_q and column < self.head_dim:
-                    src = cute.local_tile(
-                        accum[row, None], (COLUMNS_PER_THREAD,), (chunk_slice,)
-                    )
+        packed = self.rows_tile > 0
+        accum = seqlen.buffer_rows(
+            mdQaccum[None, None, chunk, None, None], batch, head, packed=packed,
+            rows_tile=self.rows_tile,
+        )
+        dq_rows = seqlen.rows(mdQ, batch, head, keys=False, packed=packed)
+        for p in cutlass.range_constexpr(ROWS_PER_CTA // rows_per_pass):
+            row = row_block * ROWS_PER_CTA + p * rows_per_pass + row_in_pass
+            if row < seqlen.seqlen_q and column < self.head_dim:
+                src = cute.local_tile(accum[row, None], (COLUMNS_PER_THREAD,), (chunk_slice,))
+                dst = cute.local_tile(dq_rows[row, None], (COLUMNS_PER_THREAD,), (lane_in_row,))
+                dst.store((src.load() * softmax_scale).to(self.dtype))
+
+    @cute.jit
+    def zero_rows_from(
+        self, mX: cute.Tensor, first_row: Int32, row_block: Int32, head: Int32, tidx: Int32
+    ):
+        """Packed rows no sequence owns (first_row = the cumulative lengths' last on) of
+        ``head`` in mX (1, total, heads, dim): zeros, so a gradient never holds uninitialised
+        memory; the CTAs of this grid slice stride over them."""
+        lane_in_row, row_in_pass, rows_per_pass = self.thread_columns(tidx)
+        grid_rows, _, _ = cute.arch.grid_dim()
+        zeros = cute.make_rmem_tensor(COLUMNS_PER_THREAD, self.dtype)
+        zeros.fill(0.0)
+        row_columns = self.threads_per_row * COLUMNS_PER_THREAD
+        dim = cute.size(mX, mode=[3])
+        first = first_row + row_block * rows_per_pass + row_in_pass
+        for row in cutlass.range(first, mX.shape[1], grid_rows * rows_per_pass):
+            for part in cutlass.range_constexpr(-(-dim // row_columns)):
+                if part * row_columns + lane_in_row * COLUMNS_PER_THREAD < dim:
                     dst = cute.local_tile(
-                        dq_rows[row, None], (COLUMNS_PER_THREAD,), (lane_in_row,)
-                    )
-                    dst.store((src.load() * softmax_scale).to(self.dtype))
-        else:
-            # Packed rows no sequence owns: zeros, so dq never holds uninitialised memory.
-            first = mCuSeqlensQ[num_seqs] + row_block * rows_per_pass + row_in_pass
-            stride = grid_rows * rows_per_pass
-            zeros = cute.make_rmem_tensor(COLUMNS_PER_THREAD, self.dtype)
-            zeros.fill(0.0)
-            if column < self.head_dim:
-                for row in cutlass.range(first, mdQ.shape[1], stride):
-                    dst = cute.local_tile(
-                        mdQ[0, row, head, None], (COLUMNS_PER_THREAD,), (lane_in_row,)
+                        mX[0, row, head, None], (COLUMNS_PER_THREAD,),
+                        (part * self.threads_per_row + lane_in_row,),
                     )
                     dst.store(zeros.load())
 
 
 def postprocess_fake_args(
-    dtype: type[cutlass.Numeric], head_dim: int, kernel_dim: int, chunks: int, row_pad: int
+    dtype: type[cutlass.Numeric], head_dim: int, kernel_dim: int, chunks: int, row_pad: int,
+    varlen: bool = False, zero_kv_dims: tuple[int, int] | None = None,
 ) -> tuple:
-    """(dq_accum, dq, cu_seqlens_q, max_seqlen_q, softmax_scale): fake tensors with symbolic
-    sizes and strides (dq_accum's rows 16-byte aligned, as ``cuteattn.ops.new_dq_accum`` makes
-    them)."""
+    """(dq_accum, dq, cu_seqlens_q, max_seqlen_q, softmax_scale, dk, dv, cu_seqlens_k): fake
+    tensors with symbolic sizes and strides (dq_accum's rows 16-byte aligned, as
+    ``cuteattn.ops.new_dq_accum`` makes them); the cumulative lengths None unless ``varlen``;
+    dk, dv and cu_seqlens_k None unless ``zero_kv_dims`` (their (head_dim, dim_v))."""
     from cutlass.cute.runtime import make_fake_tensor
 
-    heads_q, rows, total_q = (cute.sym_int() for _ in range(3))
+    batch, heads_q, rows, seqlen_q = (cute.sym_int() for _ in range(4))
     elems_16b = 128 // dtype.width
     accum_row = kernel_dim // chunks + row_pad
     dq_accum = make_fake_tensor(
-        Float32, (1, heads_q, chunks, rows, accum_row),
+        Float32, (batch, heads_q, chunks, rows, accum_row),
         (cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4),
          cute.sym_int64(divisibility=4), accum_row, 1),
         assumed_align=16,
     )
     dq = make_fake_tensor(
-        dtype, (1, total_q, heads_q, head_dim),
+        dtype, (batch, seqlen_q, heads_q, head_dim),
         tuple(cute.sym_int64(divisibility=elems_16b) for _ in range(3)) + (1,),
         assumed_align=16,
     )
-    cu_seqlens_q = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
-    return dq_accum, dq, cu_seqlens_q, Int32(0), Float32(1.0)
+    def packed(dim, total, heads):
+        strides = tuple(cute.sym_int64(divisibility=elems_16b) for _ in range(3)) + (1,)
+        return make_fake_tensor(dtype, (1, total, heads, dim), strides, assumed_align=16)
+
+    def cumulative():
+        return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+
+    cu_seqlens_q = cumulative() if varlen else None
+    kv = (None, None, None)
+    if zero_kv_dims is not None:
+        total_k, heads_kv = cute.sym_int(), cute.sym_int()
+        kv = (
+            packed(zero_kv_dims[0], total_k, heads_kv), packed(zero_kv_dims[1], total_k, heads_kv),
+            cumulative(),
+        )
+    return (dq_accum, dq, cu_seqlens_q, Int32(0), Float32(1.0), *kv)

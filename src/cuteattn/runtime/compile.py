@@ -77,27 +77,35 @@ def compile_backward_preprocess(arch: str, dtype: str, head_dim: int, varlen_row
     return _cached_compile(key, arch, build)
 
 
-def compile_varlen_dq_postprocess(
+def compile_dq_postprocess(
     arch: str, dtype: str, head_dim: int, kernel_dim: int, chunks: int, row_pad: int,
-    rows_tile: int,
+    varlen_rows_tile: int = 0, zero_kv_dims: tuple[int, int] | None = None,
 ):
-    """Compile (or fetch) the varlen dq postprocess (``kernels/bwd_postprocess.py``) for a
-    packed batch's backward: dq's head_dim and dtype, the plan's kernel head dim, dq_accum's
-    (chunks, row_pad) and tile_m. Call it as ``fn(dq_accum, dq, cu_seqlens_q, max_seqlen_q,
-    softmax_scale)`` (packed tensors as (1, total, heads, dim))."""
+    """Compile (or fetch) the backward's dq postprocess (``kernels/bwd_postprocess.py``): dq's
+    head_dim and dtype, the plan's kernel head dim, dq_accum's (chunks, row_pad), and a packed
+    batch's tile_m (0: a fixed-length batch) and, packed, dk's and dv's (head_dim, dim_v) when
+    it zeroes their rows past the last sequence too. Call it as ``fn(dq_accum, dq,
+    cu_seqlens_q, max_seqlen_q, softmax_scale, dk, dv, cu_seqlens_k)`` (fixed-length: None, 0;
+    dk, dv, cu_seqlens_k None unless zero_kv_dims; packed tensors as (1, total, heads, dim))."""
 
     def build():
-        from cuteattn.kernels.bwd_postprocess import VarlenDqPostprocess, postprocess_fake_args
+        from cuteattn.kernels.bwd_postprocess import DqPostprocess, postprocess_fake_args
         from cuteattn.kernels.common.compile_args import dsl_dtype
 
-        kernel = VarlenDqPostprocess(
+        kernel = DqPostprocess(
             dtype=dsl_dtype(dtype), head_dim=head_dim, kernel_dim=kernel_dim, chunks=chunks,
-            rows_tile=rows_tile,
+            rows_tile=varlen_rows_tile,
         )
-        fake_args = postprocess_fake_args(dsl_dtype(dtype), head_dim, kernel_dim, chunks, row_pad)
+        fake_args = postprocess_fake_args(
+            dsl_dtype(dtype), head_dim, kernel_dim, chunks, row_pad,
+            varlen=varlen_rows_tile > 0, zero_kv_dims=zero_kv_dims,
+        )
         return kernel, fake_args
 
-    key = ("varlen dq postprocess", arch, dtype, head_dim, kernel_dim, chunks, row_pad, rows_tile)
+    key = (
+        "dq postprocess", arch, dtype, head_dim, kernel_dim, chunks, row_pad, varlen_rows_tile,
+        zero_kv_dims,
+    )
     return _cached_compile(key, arch, build)
 
 
