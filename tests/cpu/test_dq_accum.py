@@ -28,6 +28,7 @@ def test_sm90_backward_tiles_fit_shared_memory():
 
     capacity = arch_from_name("sm_90a").smem_per_block
     assert backward_dq_chunks(128, 80) == (2, 0)
+    assert backward_dq_chunks(64, 128) == (1, 8) and backward_dq_chunks(64, 64) == (2, 8)
     for head_dim, tiles in BACKWARD_TILES.items():
         for tile_m, tile_n, stages in tiles:
             chunks, pad = backward_dq_chunks(head_dim, tile_m)

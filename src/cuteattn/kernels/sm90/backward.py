@@ -29,8 +29,10 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
          one's readers); dQ = dS K (A = dS, B = K^T, both MN-major from shared memory) to the
          dQ buffer for warp 1. d64 / d128: the two warpgroups split dQ's columns (32 / 64
          each, one swizzle atom of K: ``k_smem_layout``), meeting on a 256-thread barrier, one
-         add per element; d96, whose half is not a whole swizzle atom: each warpgroup computes
-         its own keys' share of every column into its own buffer, two adds per element.
+         add per element; d64's 128-row query tiles split the rows instead (each warpgroup
+         its 64 queries, every column, same barrier); d96, whose half is not a whole swizzle
+         atom: each warpgroup computes its own keys' share of every column into its own
+         buffer, two adds per element.
     Then dK *= softmax_scale; dK and dV go through K's and V's buffers (stmatrix) to global
     memory by TMA, which clips the rows past seqlen_k.
 
@@ -70,7 +72,7 @@ from cuteattn.kernels.common.tile_scheduler import (
     make_varlen_tile_counts,
 )
 from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
-from cuteattn.kernels.sm90.family import backward_dq_chunks
+from cuteattn.kernels.sm90.family import backward_dq_chunks, backward_dq_splits_rows
 from cuteattn.kernels.sm90.smem import permuted, smem_layout, transposed, zero_rows_from
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
 
@@ -111,11 +113,15 @@ class FlashBackwardSm90(AttentionKernel):
         self.consumer_regs, self.producer_regs = 240, 24
         # d128's per-warpgroup dQ share (64 x 128 fp32) would leave ptxas too few registers to
         # keep WGMMAs in flight (C7512: every WGMMA serialised): split dQ's columns instead;
-        # d64 splits them too (one bulk addition per element instead of two: half the L2
-        # reduction traffic), d96 cannot (48 columns are no whole swizzle atom).
+        # d64 splits them too in 64-row query tiles (one bulk addition per element instead of
+        # two: half the L2 reduction traffic) and its rows in 128-row ones (each warpgroup its
+        # 64 queries: m64n64 WGMMAs, and K keeps its full-width swizzle), d96 cannot (48
+        # columns are no whole swizzle atom).
         # Each consumer warpgroup's share goes through a (tile_m, dq_chunk_cols) buffer with
         # padded rows, as dq_accum's chunks are.
         chunks, row_pad = backward_dq_chunks(self.head_dim, self.tile_m)
+        # 128-row query tiles: each warpgroup its 64 queries' dQ, every column.
+        self.dq_split_rows = backward_dq_splits_rows(self.head_dim, self.tile_m)
         self.dq_split_dim = chunks == NUM_CONSUMER_WGS
         # A query tile that is no multiple of WGMMA's M (FlashAttention-4's 80 rows at d128):
         # dQ^T = K^T dS^T, dim along M, the warpgroups splitting it.
@@ -126,6 +132,8 @@ class FlashBackwardSm90(AttentionKernel):
         assert not self.dq_transposed or self.dq_split_dim, "a transposed dQ splits dim"
         self.dq_chunk_cols = self.head_dim // chunks
         self.dq_row = self.dq_chunk_cols + row_pad
+        # Rows of a warpgroup's dQ buffer (and of its bulk addition).
+        self.dq_buffer_rows = self.tile_m // NUM_CONSUMER_WGS if self.dq_split_rows else self.tile_m
         self.dq_passes = 1  # dQ GEMMs (and buffer hand-overs) per warpgroup and step
         # The consumers' barrier around the dK / dV tiles in shared memory.
         self.epilogue_sync = functools.partial(
@@ -136,6 +144,10 @@ class FlashBackwardSm90(AttentionKernel):
     def dq_chunk(self, wg: int, dq_pass: int) -> int:
         """The dq_accum chunk that warpgroup ``wg``'s pass ``dq_pass`` adds to."""
         return wg if self.dq_split_dim else 0
+
+    def dq_blocks_shared(self, dq_pass: int) -> bool:
+        """Whether both warpgroups add to the same block of dq_accum (split by keys)."""
+        return not self.dq_split_rows and self.dq_chunk(0, dq_pass) == self.dq_chunk(1, dq_pass)
 
     def k_smem_layout(self):
         """K's buffer (tile_n, head_dim). Split by dim, each warpgroup's dQ reads its half of
@@ -172,6 +184,7 @@ class FlashBackwardSm90(AttentionKernel):
         )
         # dQ = dS K, A = dS and B = K^T both MN-major: the warpgroups split dim (k over all
         # keys), or each takes its own keys' share of (queries, dim) (k over 64 keys).
+        # Split by rows, each warpgroup runs its own (64 queries, dim) GEMM (k over all keys).
         tiled_mma_dq = hopper.make_trivial_tiled_mma(
             self.dtype, self.dtype, mn_major, mn_major, Float32,
             atom_layout_mnk=(1, NUM_CONSUMER_WGS if self.dq_split_dim else 1, 1),
@@ -236,9 +249,10 @@ class FlashBackwardSm90(AttentionKernel):
         sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
         # (tile_m, (chunk cols, warpgroup)): split by dim, the two buffers side by side are the
         # (tile_m, head_dim) tile of dQ.
+        # Split by rows: (64, (dim, warpgroup)), each buffer a warpgroup's half of the rows.
         sdQ_layout = cute.make_layout(
-            (self.tile_m, (self.dq_chunk_cols, NUM_CONSUMER_WGS)),
-            stride=(self.dq_row, (1, self.tile_m * self.dq_row)),
+            (self.dq_buffer_rows, (self.dq_chunk_cols, NUM_CONSUMER_WGS)),
+            stride=(self.dq_row, (1, self.dq_buffer_rows * self.dq_row)),
         )
 
         @cute.struct
@@ -255,7 +269,9 @@ class FlashBackwardSm90(AttentionKernel):
             ]
             # Whole padded rows: each bulk reduction reads its buffer's last row's pad too.
             sdQ: cute.struct.Align[
-                cute.struct.MemRange[Float32, NUM_CONSUMER_WGS * self.tile_m * self.dq_row], 1024
+                cute.struct.MemRange[
+                    Float32, NUM_CONSUMER_WGS * self.dq_buffer_rows * self.dq_row
+                ], 1024
             ]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
             sDpsum: cute.struct.Align[
@@ -562,8 +578,8 @@ class FlashBackwardSm90(AttentionKernel):
         completes before the second is issued.
         """
         lane = cute.arch.lane_idx()
-        block = (self.tile_m, self.dq_row)
-        block_bytes = self.tile_m * self.dq_row * Float32.width // 8
+        block = (self.dq_buffer_rows, self.dq_row)
+        block_bytes = self.dq_buffer_rows * self.dq_row * Float32.width // 8
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
             for dq_pass in cutlass.range_constexpr(self.dq_passes):
@@ -588,7 +604,11 @@ class FlashBackwardSm90(AttentionKernel):
                         mdQaccum[None, None, chunk, None, None], batch, head,
                         packed=self.varlen, rows_tile=self.tile_m,
                     )
-                    gdQ = cute.local_tile(rows, block, (m_block, 0))
+                    # Split by rows, warpgroup wg's block is the tile's wg-th half.
+                    row_block = m_block
+                    if cutlass.const_expr(self.dq_split_rows):
+                        row_block = m_block * NUM_CONSUMER_WGS + wg
+                    gdQ = cute.local_tile(rows, block, (row_block, 0))
                     cute.arch.barrier(
                         barrier_id=BackwardBarrier.DQ_FULL + wg,
                         number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
@@ -599,7 +619,7 @@ class FlashBackwardSm90(AttentionKernel):
                             op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
                         )
                     cute.arch.cp_async_bulk_commit_group()
-                    shared_block = self.dq_chunk(0, dq_pass) == self.dq_chunk(1, dq_pass)
+                    shared_block = self.dq_blocks_shared(dq_pass)
                     if cutlass.const_expr(self.deterministic and shared_block and wg == 0):
                         # Both warpgroups add to this block: a fixed order of the additions.
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -639,10 +659,13 @@ class FlashBackwardSm90(AttentionKernel):
             thr_dq = tiled_mma_dq.get_slice(wg_tidx)
             wg_dq = tiled_mma_dq.get_slice(0)
             ds_threads, ds_ready = THREADS_PER_WARPGROUP, BackwardBarrier.DS_READY + wg_idx
+            if cutlass.const_expr(self.dq_split_rows):
+                # Its queries' dS spans both warpgroups' keys.
+                ds_threads, ds_ready = self.num_consumer_threads, BackwardBarrier.DS_READY
             sdQ_mine = sdQ[None, (None, wg_idx)]
         tile_st = (self.tile_n, self.tile_m)  # S^T: keys x queries
         tile_kv = (self.tile_n, self.head_dim)
-        dq_tile = (self.tile_m, self.head_dim)
+        dq_tile = (self.dq_buffer_rows, self.head_dim)
 
         tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
         tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
@@ -656,6 +679,11 @@ class FlashBackwardSm90(AttentionKernel):
         if cutlass.const_expr(self.dq_split_dim):
             # A = dS (queries x all keys), B = K^T (dim x all keys); the MMA splits dim.
             sdSt_dq, sK_dq = sdSt, sK
+        elif cutlass.const_expr(self.dq_split_rows):
+            # A = dS[this warpgroup's queries, :] (64 x all keys), B = K^T.
+            queries = (self.tile_n, self.dq_buffer_rows)
+            sdSt_dq = cute.flat_divide(sdSt, queries)[None, None, 0, wg_idx, None]
+            sK_dq = sK
         else:
             # A = dS[:, this warpgroup's keys] (queries x 64), B = K[its keys]^T.
             keys = (KEYS_PER_WARPGROUP, self.tile_m)

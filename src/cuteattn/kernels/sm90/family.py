@@ -125,13 +125,24 @@ TRANSPOSED_DQ_ROW_PAD = 0
 WIDE_DQ_CHUNK = 64
 
 
+def backward_dq_splits_rows(head_dim: int, tile_m: int) -> bool:
+    """Whether the two consumer warpgroups split dQ's rows (d64's 128-row query tile: each its
+    64 queries x every column, FlashAttention-4's d64 split): half the dQ WGMMAs of a column
+    split (m64n64 instead of twice m64n32) and K keeps its full-width swizzle. Not past d64: a
+    warpgroup's 64 x d128 fp32 share would leave ptxas too few registers (C7512)."""
+    return head_dim <= 64 and tile_m == 2 * tiling.WARPGROUP_ROWS
+
+
 def backward_dq_chunks(head_dim: int, tile_m: int = 64) -> tuple[int, int]:
     """(chunks, row_pad) of dq_accum for the sm90 backward. Up to d128 the two consumer
-    warpgroups split dQ's columns where half the dim is whole 64- or 128-byte swizzle rows of K
-    (d64, d128: a chunk each), otherwise each computes its own keys' share of every column (d96:
-    one chunk, added twice). The wide variant adds dQ in 64-column chunks."""
+    warpgroups split dQ's rows in 128-row query tiles (one chunk), else its columns where half
+    the dim is whole 64- or 128-byte swizzle rows of K (d64, d128: a chunk each), otherwise each
+    computes its own keys' share of every column (d96: one chunk, added twice). The wide variant
+    adds dQ in 64-column chunks."""
     if head_dim in WIDE_BACKWARD_SPLIT_DIM:
         return head_dim // WIDE_DQ_CHUNK, BACKWARD_DQ_ROW_PAD
+    if backward_dq_splits_rows(head_dim, tile_m):
+        return 1, BACKWARD_DQ_ROW_PAD
     split = (head_dim // 2 * tiling.ELEM_BYTES) % 64 == 0
     pad = BACKWARD_DQ_ROW_PAD if tile_m % tiling.WARPGROUP_ROWS == 0 else TRANSPOSED_DQ_ROW_PAD
     return (2 if split else 1), pad
@@ -145,13 +156,15 @@ def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) ->
     per stage (checked against the compiled kernels' launch sizes: equal for every offered
     tile)."""
     chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
+    buffer_rows = tile_m // 2 if backward_dq_splits_rows(head_dim, tile_m) else tile_m
     buffers = (
         tile_n * head_dim * tiling.ELEM_BYTES,  # K
         tile_n * head_dim * tiling.ELEM_BYTES,  # V
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # Q
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # dO
         2 * tile_n * tile_m * tiling.ELEM_BYTES,  # P / dS
-        2 * tile_m * (head_dim // chunks + row_pad) * 4,  # dQ
+        # dQ: a buffer per warpgroup, each its half of the rows or all of them.
+        2 * buffer_rows * (head_dim // chunks + row_pad) * 4,
     )
     def align(nbytes: int) -> int:
         return -(-nbytes // SMEM_ALIGN) * SMEM_ALIGN
