@@ -254,6 +254,17 @@ class FlashBackwardSm90(AttentionKernel):
             (self.dq_buffer_rows, (self.dq_chunk_cols, NUM_CONSUMER_WGS)),
             stride=(self.dq_row, (1, self.dq_buffer_rows * self.dq_row)),
         )
+        sdQ_swizzled = None
+        # Whole padded rows: each bulk reduction reads its buffer's last row's pad too.
+        sdQ_elems = NUM_CONSUMER_WGS * self.dq_buffer_rows * self.dq_row
+        if cutlass.const_expr(self.dq_transposed):
+            # (tile_m, chunk cols, warpgroup), each buffer 128-byte swizzled: a warp's stores of
+            # dQ^T (8 dims x 4 query pairs) then meet no bank conflict (unswizzled rows of 64
+            # floats: 4-way), and a TMA reduction adds it, unswizzling on the way.
+            sdQ_swizzled = smem_layout(
+                Float32, self.tile_m, self.dq_chunk_cols, NUM_CONSUMER_WGS
+            )
+            sdQ_elems = cute.cosize(sdQ_swizzled)
 
         @cute.struct
         class SharedStorage:
@@ -269,9 +280,7 @@ class FlashBackwardSm90(AttentionKernel):
             ]
             # Whole padded rows: each bulk reduction reads its buffer's last row's pad too.
             sdQ: cute.struct.Align[
-                cute.struct.MemRange[
-                    Float32, NUM_CONSUMER_WGS * self.dq_buffer_rows * self.dq_row
-                ], 1024
+                cute.struct.MemRange[Float32, sdQ_elems], 1024
             ]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
             sDpsum: cute.struct.Align[
@@ -301,6 +310,14 @@ class FlashBackwardSm90(AttentionKernel):
         tma_atom_dv, tma_dv = cpasync.make_tiled_tma_atom(
             tma_store, tdV, sV_layout, (self.tile_n, self.head_dim_v)
         )
+        tma_atom_dq, tma_dq = None, None
+        if cutlass.const_expr(self.dq_transposed):
+            # dq_accum as (rows, chunk cols, chunk, heads, batch); a warpgroup's buffer per box.
+            tdQaccum = permuted(mdQaccum, [3, 4, 2, 1, 0])
+            tma_atom_dq, tma_dq = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(cpasync.ReductionOp.ADD), tdQaccum,
+                cute.select(sdQ_swizzled, mode=[0, 1]), (self.tile_m, self.dq_chunk_cols),
+            )
         # Q with its lse, dO with its dpsum; K and V on one barrier.
         q_tile_bytes = cute.size_in_bytes(self.dtype, q_stage_layout) + self.tile_m * 4
         do_tile_bytes = cute.size_in_bytes(self.dtype, do_stage_layout) + self.tile_m * 4
@@ -313,11 +330,11 @@ class FlashBackwardSm90(AttentionKernel):
         self.kernel(
             mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
             mCuSeqlensQ, mCuSeqlensK, mSequsedK, tile_counts,
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv,
-            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_dq,
+            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
             capping.exp2_scale(softmax_scale, self.softcap), softmax_scale,
-            sQ_layout, sK_layout, sKV_layout, sPdS_layout, sdQ_layout, sRow_layout,
-            sdO_layout, sV_layout,
+            sQ_layout, sK_layout, sKV_layout, sPdS_layout, sdQ_layout, sdQ_swizzled,
+            sRow_layout, sdO_layout, sV_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             q_tile_bytes, do_tile_bytes, kv_tile_bytes, SharedStorage,
         ).launch(
@@ -350,12 +367,14 @@ class FlashBackwardSm90(AttentionKernel):
         tdO: cute.Tensor,
         tdK: cute.Tensor,
         tdV: cute.Tensor,
+        tdQ: cute.Tensor | None,  # transposed dQ: dq_accum's TMA view, else None
         tma_atom_q: cute.CopyAtom,
         tma_atom_k: cute.CopyAtom,
         tma_atom_v: cute.CopyAtom,
         tma_atom_do: cute.CopyAtom,
         tma_atom_dk: cute.CopyAtom,
         tma_atom_dv: cute.CopyAtom,
+        tma_atom_dq: cute.CopyAtom | None,
         scale_log2: Float32,
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
@@ -363,6 +382,7 @@ class FlashBackwardSm90(AttentionKernel):
         sKV_layout: cute.ComposedLayout,
         sPdS_layout: cute.ComposedLayout,
         sdQ_layout: cute.Layout,
+        sdQ_swizzled: cute.ComposedLayout | None,  # transposed dQ's buffers, else None
         sRow_layout: cute.Layout,
         sdO_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -408,7 +428,10 @@ class FlashBackwardSm90(AttentionKernel):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sPdS = storage.sPdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(sdQ_layout)
+        if cutlass.const_expr(self.dq_transposed):
+            sdQ = storage.sdQ.get_tensor(sdQ_swizzled.outer, swizzle=sdQ_swizzled.inner)
+        else:
+            sdQ = storage.sdQ.get_tensor(sdQ_layout)
         sLSE = storage.sLSE.get_tensor(sRow_layout)
         sDpsum = storage.sDpsum.get_tensor(sRow_layout)
 
@@ -444,7 +467,8 @@ class FlashBackwardSm90(AttentionKernel):
                 )
             elif warp_idx == DQ_WRITER_WARP:
                 self.add_dq(
-                    mdQaccum, mSemaphore, sdQ, block_info, seqlen, n_block, batch, steps
+                    mdQaccum, mSemaphore, sdQ, block_info, seqlen, n_block, batch, steps,
+                    tdQ, tma_atom_dq,
                 )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
@@ -569,6 +593,7 @@ class FlashBackwardSm90(AttentionKernel):
     def add_dq(
         self, mdQaccum: cute.Tensor, mSemaphore: cute.Tensor | None, sdQ: cute.Tensor,
         block_info: BlockInfo, seqlen: SeqlenInfo, n_block: Int32, batch: Int32, steps: dict,
+        tdQ: cute.Tensor | None, tma_atom_dq: cute.CopyAtom | None,
     ):
         """Per step and consumer warpgroup: hand its dQ buffer back once the previous reduction
         has read it, wait until it is full, add it to its block of dq_accum.
@@ -613,11 +638,15 @@ class FlashBackwardSm90(AttentionKernel):
                         barrier_id=BackwardBarrier.DQ_FULL + wg,
                         number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
                     )
-                    with cute.arch.elect_one():
-                        prims.cp_reduce_async_bulk_global_shared_cta(
-                            gdQ.iterator, sdQ[None, (None, wg)].iterator, block_bytes,
-                            op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
-                        )
+                    if cutlass.const_expr(self.dq_transposed):
+                        self.reduce_dq_tile(tdQ, tma_atom_dq, sdQ, seqlen, chunk, head, batch,
+                                            m_block, wg)
+                    else:
+                        with cute.arch.elect_one():
+                            prims.cp_reduce_async_bulk_global_shared_cta(
+                                gdQ.iterator, sdQ[None, (None, wg)].iterator, block_bytes,
+                                op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
+                            )
                     cute.arch.cp_async_bulk_commit_group()
                     shared_block = self.dq_blocks_shared(dq_pass)
                     if cutlass.const_expr(self.deterministic and shared_block and wg == 0):
@@ -633,6 +662,26 @@ class FlashBackwardSm90(AttentionKernel):
                 if lane == 0:
                     turns.pass_turn(counter, turn)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def reduce_dq_tile(
+        self, tdQ: cute.Tensor, tma_atom_dq: cute.CopyAtom, sdQ: cute.Tensor,
+        seqlen: SeqlenInfo, chunk: int, head: Int32, batch: Int32, m_block: Int32, wg: int,
+    ):
+        """Transposed dQ: warpgroup ``wg``'s swizzled buffer added to its tile of dq_accum by a
+        TMA reduction (a packed batch's sequence starts on a whole tile there)."""
+        row_tile = m_block
+        if cutlass.const_expr(self.varlen):
+            row_tile = seqlen.offset_rows // self.tile_m + m_block
+            batch = Int32(0)
+        gX = cute.local_tile(
+            tdQ[None, None, chunk, head, batch], (self.tile_m, self.dq_chunk_cols), (row_tile, 0)
+        )
+        t_smem, t_gmem = cpasync.tma_partition(
+            tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ[None, None, wg], 0, 2),
+            cute.group_modes(gX, 0, 2),
+        )
+        cute.copy(tma_atom_dq, t_smem, t_gmem)
 
     # ---- Consumers ----------------------------------------------------------------------------
 
@@ -693,10 +742,12 @@ class FlashBackwardSm90(AttentionKernel):
             dq_tile = (self.head_dim, self.tile_m)
             tdQrK = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sK)))
             tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sdSt)))
-            # dQ^T's (dim, queries) view of the buffer.
-            tdQsdQ = thr_dq.partition_C(
-                cute.make_tensor(sdQ.iterator, cute.select(sdQ.layout, mode=[1, 0]))
+            # dQ^T's (dim, queries) view of the (queries, chunk cols, warpgroup) buffers.
+            dim_major = cute.make_layout(
+                ((self.dq_chunk_cols, NUM_CONSUMER_WGS), self.tile_m),
+                stride=((self.tile_m, self.tile_m * self.dq_chunk_cols), 1),
             )
+            tdQsdQ = thr_dq.partition_C(cute.composition(sdQ, dim_major))
         else:
             tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sdSt_dq)))
             tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sK_dq)))
