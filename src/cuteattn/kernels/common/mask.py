@@ -67,6 +67,8 @@ class AttentionMask:
                 m_block * self.tile_m + first_row + 1 + seqlen_k - seqlen_q
                 - n_block * self.tile_n - thread_col0
             )
+            num_cols = cute.size(scores, mode=[1])
+            paired = columns_in_pairs([coords_t0[0, c][1] for c in range(num_cols)])
             for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
                 if cutlass.const_expr(self.pack_gqa == 1):
                     col_limit = diag_offset + coords_t0[r, 0][0]
@@ -75,12 +77,15 @@ class AttentionMask:
                     col_limit = diag_offset + position
                 if cutlass.const_expr(mask_seqlen):
                     col_limit = cutlass.min(col_limit, col_limit_seqlen)
-                for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
-                    # A select, not an `if` statement: a runtime `if` becomes a branch that
-                    # carries every score written so far (~2000 selects per tile, not 64).
-                    scores[r, c] = (
-                        -Float32.inf if coords_t0[0, c][1] >= col_limit else scores[r, c]
-                    )
+                if cutlass.const_expr(paired):
+                    keep_range(scores, r, None, paired_columns_below(col_limit, num_cols))
+                else:
+                    for c in cutlass.range_constexpr(num_cols):
+                        # A select, not an `if` statement: a runtime `if` becomes a branch
+                        # that carries every score written so far (~2000 selects per tile).
+                        scores[r, c] = (
+                            -Float32.inf if coords_t0[0, c][1] >= col_limit else scores[r, c]
+                        )
 
     @cute.jit
     def _apply_window(
@@ -96,6 +101,8 @@ class AttentionMask:
             m_block * self.tile_m + first_row + self.seqlen.seqlen_k - self.seqlen.seqlen_q
             - n_block * self.tile_n - thread_col0
         )
+        num_cols = cute.size(scores, mode=[1])
+        paired = columns_in_pairs([coords_t0[0, c][1] for c in range(num_cols)])
         for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
             if cutlass.const_expr(self.pack_gqa == 1):
                 row_diag = diag + coords_t0[r, 0][0]
@@ -107,13 +114,70 @@ class AttentionMask:
                 if cutlass.const_expr(mask_seqlen):
                     col_end = cutlass.min(col_end, col_limit_seqlen)
             col_start = row_diag - left
-            for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
-                col = coords_t0[0, c][1]
-                if cutlass.const_expr(left >= 0 and (right >= 0 or mask_seqlen)):
-                    hidden = (col >= col_end) | (col < col_start)
-                elif cutlass.const_expr(left >= 0):
-                    hidden = col < col_start
-                else:
-                    hidden = col >= col_end
-                scores[r, c] = -Float32.inf if hidden else scores[r, c]
+            # The bounds the compare below applies: col_end unless only the left one is set.
+            bounded_end = not (left >= 0 and not (right >= 0 or mask_seqlen))
+            if cutlass.const_expr(paired):
+                # Kept: columns col_start .. col_end - 1 (either bound open where unset).
+                end = num_cols
+                if cutlass.const_expr(bounded_end):
+                    end = paired_columns_below(col_end, num_cols)
+                start = None
+                if cutlass.const_expr(left >= 0):
+                    start = paired_columns_below(col_start, num_cols)
+                keep_range(scores, r, start, end)
+            else:
+                for c in cutlass.range_constexpr(num_cols):
+                    col = coords_t0[0, c][1]
+                    if cutlass.const_expr(left >= 0 and bounded_end):
+                        hidden = (col >= col_end) | (col < col_start)
+                    elif cutlass.const_expr(left >= 0):
+                        hidden = col < col_start
+                    else:
+                        hidden = col >= col_end
+                    scores[r, c] = -Float32.inf if hidden else scores[r, c]
 
+
+# A row's kept columns as a bit mask, 32 per word: ptxas turns the bit tests of one word with
+# constant positions into R2P (a word's bits into predicates), so a masked row costs a few
+# integer ops and one select per score instead of a compare and a select per score.
+MASK_WORD_BITS = 32
+
+
+def columns_in_pairs(cols: list) -> bool:
+    """Whether a thread's columns (thread 0's, compile-time) run 0, 1, 8, 9, 16, 17, ...: the
+    mma accumulators' layout (two adjacent columns per 8), which ``paired_columns_below``
+    counts in closed form (every thread's columns, relative to its first, run so)."""
+    return all(isinstance(col, int) for col in cols) and cols == [
+        8 * (c // 2) + c % 2 for c in range(len(cols))
+    ]
+
+
+def paired_columns_below(col_limit: Int32, num_cols: int) -> Int32:
+    """How many of the columns 0, 1, 8, 9, ... (``num_cols`` of them) are below col_limit: a
+    prefix of the row, since they increase. Plain arithmetic: DSL integers in a kernel, Python
+    ints in the CPU tests."""
+    pairs = col_limit >> 3  # arithmetic: negative limits give negative counts, clamped below
+    count = 2 * pairs + cutlass.min(col_limit & 7, 2)
+    return cutlass.max(cutlass.min(count, num_cols), 0)
+
+
+def _prefix_bits(count, word: int):
+    """Word ``word``'s bits of a row's first ``count`` columns (64-bit shift: a whole word, a
+    shift by 32, needs no special case)."""
+    in_word = cutlass.max(cutlass.min(count - word * MASK_WORD_BITS, MASK_WORD_BITS), 0)
+    return cutlass.Uint32((cutlass.Uint64(1) << cutlass.Uint64(in_word)) - cutlass.Uint64(1))
+
+
+@cute.jit
+def keep_range(scores: cute.Tensor, r: cutlass.Constexpr[int], start, end):
+    """-inf in row r outside its scores start .. end - 1 (element indices, 0 <= start, end <=
+    the row's length; ``start`` None: from the first)."""
+    num_cols = cute.size(scores, mode=[1])
+    for word in cutlass.range_constexpr(-(-num_cols // MASK_WORD_BITS)):
+        bits = _prefix_bits(end, word)
+        if cutlass.const_expr(start is not None):
+            bits = bits & ~_prefix_bits(start, word)
+        for i in cutlass.range_constexpr(min(MASK_WORD_BITS, num_cols - word * MASK_WORD_BITS)):
+            c = word * MASK_WORD_BITS + i
+            keep = cutlass.Boolean(bits & cutlass.Uint32(1 << i))
+            scores[r, c] = scores[r, c] if keep else -Float32.inf

@@ -57,6 +57,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.experimental import primitives as prims
 from cutlass.utils import LayoutEnum
 
+from cuteattn.kernels.common import mask
 from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common import turns
 from cuteattn.kernels.common.block_info import BlockInfo
@@ -758,6 +759,8 @@ class FlashBackwardSm90(AttentionKernel):
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         st_coords = tile_coords(thr_sdp, tile_st)
+        # Thread 0's (compile-time): the column pattern every thread's columns follow.
+        st_coords_t0 = tile_coords(tiled_mma_sdp.get_slice(0), tile_st)
         stmatrix = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
         )
@@ -805,7 +808,7 @@ class FlashBackwardSm90(AttentionKernel):
                     seqlen, m_block, n_block
                 )
             if needs_mask:
-                self.mask_keys_major(acc_St, st_coords, n_block, m_block, seqlen)
+                self.mask_keys_major(acc_St, st_coords, st_coords_t0, n_block, m_block, seqlen)
             scores = acc_as_rows_cols(acc_St)
             # Soft-capped, P^T goes to the dV GEMM from a tensor of its own and the scores
             # keep P^T (1 - t^2) for dS^T (a held tanh would cost 64 registers).
@@ -1015,28 +1018,62 @@ class FlashBackwardSm90(AttentionKernel):
         )
 
     @cute.jit
-    def mask_keys_major(self, acc_St, st_coords, n_block: Int32, m_block: Int32, seqlen):
+    def mask_keys_major(
+        self, acc_St, st_coords, st_coords_t0, n_block: Int32, m_block: Int32, seqlen
+    ):
         """-inf where key j (row) is past seqlen_k or, causal, above query i's (column)
         diagonal: j > i + seqlen_k - seqlen_q; a window: outside i's window,
-        j > i + shift + right or j < i + shift - left."""
+        j > i + shift + right or j < i + shift - left. A key's visible queries are a range of
+        the thread's columns: kept as a bit mask per row (``mask.keep_range``) where the
+        columns run 0, 1, 8, 9, ... from the thread's first (the WGMMA layout)."""
         scores = acc_as_rows_cols(acc_St)
+        num_cols = cute.size(scores, mode=[1])
         first_key = n_block * self.tile_n
         first_query = m_block * self.tile_m
         block_info = self.block_info()
+        shift = seqlen.seqlen_k - seqlen.seqlen_q
+        paired = mask.columns_in_pairs([st_coords_t0[0, c][1] for c in range(num_cols)])
+        # This thread's first query column.
+        thread_query = first_query + st_coords[0, 0][1]
         for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
             key = first_key + st_coords[r, 0][0]
-            for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
-                hidden = key >= seqlen.seqlen_k
+            if cutlass.const_expr(paired):
+                # Queries below key - shift (causal) or key - shift - right (window) and past
+                # key - shift + left (window) are hidden: kept columns start .. end - 1.
+                start = None
+                limits = []
                 if cutlass.const_expr(self.causal):
-                    query = first_query + st_coords[r, c][1]
-                    hidden = hidden | (key > query + seqlen.seqlen_k - seqlen.seqlen_q)
-                if cutlass.const_expr(self.window is not None):
-                    diagonal = first_query + st_coords[r, c][1] + seqlen.seqlen_k - seqlen.seqlen_q
-                    if cutlass.const_expr(block_info.window_right is not None):
-                        hidden = hidden | (key > diagonal + block_info.window_right)
-                    if cutlass.const_expr(block_info.window_left is not None):
-                        hidden = hidden | (key < diagonal - block_info.window_left)
-                scores[r, c] = -Float32.inf if hidden else scores[r, c]
+                    limits.append(key - shift - thread_query)
+                if cutlass.const_expr(
+                    self.window is not None and block_info.window_right is not None
+                ):
+                    limits.append(key - shift - block_info.window_right - thread_query)
+                for limit in limits:
+                    below = mask.paired_columns_below(limit, num_cols)
+                    start = below if start is None else cutlass.max(start, below)
+                end = num_cols
+                if cutlass.const_expr(
+                    self.window is not None and block_info.window_left is not None
+                ):
+                    end = mask.paired_columns_below(
+                        key - shift + block_info.window_left + 1 - thread_query, num_cols
+                    )
+                # A key past seqlen_k: the whole row.
+                end = 0 if key >= seqlen.seqlen_k else end
+                mask.keep_range(scores, r, start, end)
+            else:
+                for c in cutlass.range_constexpr(num_cols):
+                    hidden = key >= seqlen.seqlen_k
+                    if cutlass.const_expr(self.causal):
+                        query = first_query + st_coords[r, c][1]
+                        hidden = hidden | (key > query + shift)
+                    if cutlass.const_expr(self.window is not None):
+                        diagonal = first_query + st_coords[r, c][1] + shift
+                        if cutlass.const_expr(block_info.window_right is not None):
+                            hidden = hidden | (key > diagonal + block_info.window_right)
+                        if cutlass.const_expr(block_info.window_left is not None):
+                            hidden = hidden | (key < diagonal - block_info.window_left)
+                    scores[r, c] = -Float32.inf if hidden else scores[r, c]
 
     def block_info(self) -> BlockInfo:
         """The kernel's tiling and mask as a ``BlockInfo`` (plain Python: usable anywhere)."""
