@@ -279,8 +279,15 @@ GOLDEN = {
     ("sm_90a", 64, True, "bf16", None, 40): sm90_plan(
         head_dim=64, causal=True, persistent=True, pack_gqa=4
     ),
-    ("sm_90a", 64, True, "bf16", None, 16384): sm90_plan(head_dim=64, causal=True, persistent=True),
-    ("sm_90a", 128, True, "bf16", None, 16384): sm90_plan(causal=True),
+    # d64 causal: 128-row tiles for short queries, 192 rows (three consumer warpgroups) long.
+    ("sm_90a", 64, True, "bf16", None, 1000): sm90_plan(head_dim=64, causal=True, persistent=True),
+    ("sm_90a", 64, True, "bf16", None, 16384): sm90_plan(
+        head_dim=64, causal=True, persistent=True, tile_m=192, num_threads=512
+    ),
+    ("sm_90a", 64, False, "bf16", None, 16384): sm90_plan(
+        head_dim=64, persistent=True, tile_m=192, num_threads=512
+    ),
+    ("sm_90a", 128, True, "bf16", None, 16384): sm90_plan(causal=True, persistent=True),
     ("sm_90a", 192, False, "bf16", None, 1000): sm90_plan(
         head_dim=192, tile_n=112, pingpong=False
     ),

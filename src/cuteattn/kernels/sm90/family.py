@@ -32,20 +32,26 @@ ALWAYS = 2**62  # persistent at every length
 # rows per consumer warpgroup. Persistent kernels need an O buffer of their own, which d192 and
 # d256 tiles leave no room for.
 SM90_TILES = {
-    (64, False): ((192, 128, 2, SHORT_SEQLEN_Q), (128, 128, 2, SHORT_SEQLEN_Q)),
-    # 128x128 persistent beat 192x128 at every causal length measured (1k: 251 vs 154-168,
-    # 16k: 465 vs 446 TFLOP/s).
-    (64, True): ((128, 128, 2, ALWAYS),),
+    # Persistent at every length since the R2P masks (eighth session, docs/PERF.md): 192x128
+    # 421 / 517 / 544 TFLOP/s at 1k / 4k / 16k against single-tile's 362 / 477 / 507.
+    (64, False): ((192, 128, 2, ALWAYS), (128, 128, 2, ALWAYS)),
+    # Causal: 192x128 from 4k (432 / 521 against 128x128's 386 / 418 at 4k / 16k); short
+    # queries take 128x128 (SM90_SHORT_TILES: 315 against 289 at 1k).
+    (64, True): ((192, 128, 2, ALWAYS), (128, 128, 2, ALWAYS)),
     (96, False): ((128, 128, 2, SHORT_SEQLEN_Q),),
     (96, True): ((128, 128, 2, SHORT_SEQLEN_Q),),
-    (128, False): ((128, 128, 2, SHORT_SEQLEN_Q),),
-    (128, True): ((128, 128, 2, SHORT_SEQLEN_Q),),
+    # Persistent 1.05-1.14x single-tile at every length measured (eighth session).
+    (128, False): ((128, 128, 2, ALWAYS),),
+    (128, True): ((128, 128, 2, ALWAYS),),
     (192, False): ((128, 112, 2, 0), (128, 96, 2, 0)),
     (192, True): ((128, 112, 2, 0), (128, 96, 2, 0)),
     # 128x80 is best dense at 16k (710 vs 698); causal short prefers 128x64 (471 vs 432).
     (256, False): ((128, 80, 2, 0), (128, 64, 2, 0)),
     (256, True): ((128, 64, 2, 0), (128, 80, 2, 0)),
 }
+# Tiles that go first when seqlen_q <= SHORT_SEQLEN_Q: fewer rows per tile, more tiles to
+# spread over the SMs.
+SM90_SHORT_TILES = {(64, True): ((128, 128, 2, ALWAYS),)}
 # (head dim, dim_v) pairs: V's smaller tiles leave room for wider key tiles (unmeasured: the
 # d192 tiles follow as the fallback).
 SM90_DIM_V_TILES = {(192, 128): ((128, 128, 2, 0),)}
@@ -229,6 +235,9 @@ class Sm90Family(KernelFamily):
         if head_dim != problem.head_dim:
             features = tuple(sorted(features + (("dim", problem.head_dim),)))
         tiles = SM90_TILES.get((head_dim, problem.causal), ())
+        if problem.seqlen_q <= SHORT_SEQLEN_Q:
+            short = SM90_SHORT_TILES.get((head_dim, problem.causal), ())
+            tiles = short + tuple(tile for tile in tiles if tile not in short)
         if problem.head_dim_v != problem.head_dim:
             tiles = SM90_DIM_V_TILES.get((head_dim, problem.head_dim_v), ()) + tiles
         for tile_m, tile_n, num_stages, persistent_up_to in tiles:
