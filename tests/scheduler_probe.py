@@ -73,36 +73,55 @@ def compile_visit_counter(
     return cute.compile(VisitCounter(), visits, Int32(1), Int32(1), stream, options=options)
 
 
-def compile_varlen_decoder(*, tile: int, longest_first: bool, arch="sm_90a", dump_dir=None):
-    """fn(cu_seqlens, total_rows, max_length, num_heads, tiles): cu_seqlens int32 (batches + 1,);
-    tiles an int32 (grid, 4) tensor, grid = ``VarlenTileScheduler.grid_shape``'s x for these
-    counts; CTA i writes (m_block, head, batch, is_valid) of its work tile to row i."""
+def compile_varlen_decoder(
+    *, tile: int, longest_first: bool, persistent: bool = False, arch="sm_90a", dump_dir=None
+):
+    """fn(cu_seqlens, total_rows, max_length, num_heads, max_ctas, tiles): cu_seqlens int32
+    (batches + 1,); tiles an int32 (bound, 4) tensor, bound = the single-tile grid's x for these
+    counts. Single tile: CTA i writes (m_block, head, batch, is_valid) of its work tile to row i.
+    Persistent (grid min(max_ctas, bound)): each CTA writes each work tile it visits to the row
+    of its work index (CTA c's k-th visit: c + k * grid), valid ones only."""
 
     class VarlenDecoder:
         @cute.jit
         def __call__(
             self, cu_seqlens: cute.Tensor, total_rows: Int32, max_length: Int32,
-            num_heads: Int32, tiles: cute.Tensor, stream,
+            num_heads: Int32, max_ctas: Int32, tiles: cute.Tensor, stream,
         ):
             counts = make_varlen_tile_counts(
                 total_rows=total_rows, max_length=max_length, tile=tile, num_heads=num_heads,
                 num_batches=cu_seqlens.shape[0] - 1,
             )
-            grid = VarlenTileScheduler.grid_shape(counts)
+            grid = VarlenTileScheduler.grid_shape(
+                counts, persistent=persistent, max_ctas=max_ctas
+            )
             self.kernel(cu_seqlens, tiles, counts).launch(grid=grid, block=[32, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, cu_seqlens: cute.Tensor, tiles: cute.Tensor, counts):
             tidx, _, _ = cute.arch.thread_idx()
             cta, _, _ = cute.arch.block_idx()
-            work = VarlenTileScheduler.create(
-                counts, cu_seqlens, tile=tile, longest_first=longest_first
-            ).initial_work_tile()
-            if tidx == 0:
-                tiles[cta, 0] = work.m_block
-                tiles[cta, 1] = work.head
-                tiles[cta, 2] = work.batch
-                tiles[cta, 3] = Int32(work.is_valid)
+            scheduler = VarlenTileScheduler.create(
+                counts, cu_seqlens, tile=tile, longest_first=longest_first,
+                persistent=persistent,
+            )
+            work = scheduler.initial_work_tile()
+            if cutlass.const_expr(persistent):
+                row = Int32(cta)
+                while work.is_valid:
+                    if tidx == 0:
+                        tiles[row, 0] = work.m_block
+                        tiles[row, 1] = work.head
+                        tiles[row, 2] = work.batch
+                        tiles[row, 3] = Int32(work.is_valid)
+                    row = row + Int32(cute.arch.grid_dim()[0])
+                    work = scheduler.advance()
+            else:
+                if tidx == 0:
+                    tiles[cta, 0] = work.m_block
+                    tiles[cta, 1] = work.head
+                    tiles[cta, 2] = work.batch
+                    tiles[cta, 3] = Int32(work.is_valid)
 
     cu_seqlens = make_fake_tensor(Int32, (cute.sym_int(),), (1,))
     tiles = make_fake_tensor(Int32, (cute.sym_int(), 4), (4, 1))
@@ -111,6 +130,6 @@ def compile_varlen_decoder(*, tile: int, longest_first: bool, arch="sm_90a", dum
     if dump_dir is not None:
         options += f" --keep-ptx --dump-dir {dump_dir}"
     return cute.compile(
-        VarlenDecoder(), cu_seqlens, Int32(1), Int32(1), Int32(1), tiles, stream,
+        VarlenDecoder(), cu_seqlens, Int32(1), Int32(1), Int32(1), Int32(1), tiles, stream,
         options=options,
     )

@@ -292,7 +292,7 @@ def test_varlen_compiles(case):
         head_dim_v=head_dim, dtype=dtype, causal=causal, arch=arch_from_name(arch),
         varlen=True, seqused_k=seqused_k, window=window,
     )
-    # The planner's family (sm90 on Hopper: single-tile, not packed GQA), and the sm80
+    # The planner's family (sm90 on Hopper: persistent, not packed GQA), and the sm80
     # family's there too, forward and backward.
     plan = plan_forward(problem)
     expected = "sm90" if arch == "sm_90a" else "sm80"

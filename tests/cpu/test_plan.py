@@ -480,11 +480,15 @@ def test_dim_v_pair_plans(arch):
 
 def test_varlen_plans_in_the_sm90_family_on_hopper():
     """Packed batches (seqused_k too): the sm90 family's forward and backward on Hopper
-    (single-tile, not packed GQA)."""
+    (not packed GQA; the forward persistent like a fixed-length batch's)."""
     packed = problem(heads_q=8, heads_kv=1, varlen=True)
     forward, backward = plan_forward(packed), plan_backward(packed)
     assert (forward.family, backward.family) == ("sm90", "sm90")
-    assert (forward.option("persistent"), forward.option("pack_gqa")) == (False, 1)
+    assert (forward.option("persistent"), forward.option("pack_gqa")) == (True, 1)
+    # Causal: persistent at d64, single-tile at d128 (SM90_VARLEN_PERSISTENT).
+    for head_dim, persistent, tile_m in ((64, True, 192), (128, False, 128)):
+        causal = plan_forward(problem(head_dim=head_dim, causal=True, varlen=True, seqlen_q=5000))
+        assert (causal.option("persistent"), causal.tile_m) == (persistent, tile_m), head_dim
     used = problem(varlen=True, seqused_k=True)
     assert (plan_forward(used).family, plan_backward(used).family) == ("sm90", "sm90")
 

@@ -160,19 +160,36 @@ def test_varlen_tile_order_covers_each_sequence_tile_once_within_the_bound(
         tiles = -(-length // tile)
         blocks = list(range(tiles))[::-1] if longest_first else list(range(tiles))
         assert mine == [(block, head) for head in range(heads) for block in blocks]
+    # Persistent: the same tiles, each sequence's tile by tile with its heads fastest.
+    fastest = varlen_tile_order(lengths, tile, heads, longest_first, heads_fastest=True)
+    assert sorted(fastest) == sorted(order)
+    for batch, length in enumerate(lengths):
+        mine = [(block, head) for block, head, b in fastest if b == batch]
+        tiles = -(-length // tile)
+        blocks = list(range(tiles))[::-1] if longest_first else list(range(tiles))
+        assert mine == [(block, head) for block in blocks for head in range(heads)]
     loose = (sum(lengths) + len(lengths) * (tile - 1)) // tile
     bound = min(loose, len(lengths) * -(-max(lengths) // tile))
     assert len(order) <= bound * heads
     counts = VarlenTileCounts(num_tiles_bound=bound, num_heads=heads, num_batches=len(lengths))
     assert VarlenTileScheduler.grid_shape(counts) == (bound * heads, 1, 1)
-    with pytest.raises(ValueError, match="one tile per CTA"):
-        VarlenTileScheduler.grid_shape(counts, persistent=True, max_ctas=132)
+    # Persistent: at most max_ctas CTAs, each taking every grid_dim-th work tile.
+    assert VarlenTileScheduler.grid_shape(counts, persistent=True, max_ctas=3) == (
+        min(3, bound * heads), 1, 1
+    )
+    with pytest.raises(ValueError, match="needs max_ctas"):
+        VarlenTileScheduler.grid_shape(counts, persistent=True)
 
 
+@pytest.mark.parametrize("persistent", (False, True))
 @pytest.mark.parametrize("longest_first", (False, True))
-def test_varlen_decoder_compiles_to_one_warp_scan(longest_first, tmp_path):
-    """The decode is a loop of warp scans (shfl.up, ballot), 32 sequences a pass."""
-    fn = compile_varlen_decoder(tile=64, longest_first=longest_first, dump_dir=tmp_path)
+def test_varlen_decoder_compiles_to_one_warp_scan(longest_first, persistent, tmp_path):
+    """The decode is a loop of warp scans (shfl.up, ballot), 32 sequences a pass; persistent,
+    once before the CTA's loop over its tiles and once per advance."""
+    fn = compile_varlen_decoder(
+        tile=64, longest_first=longest_first, persistent=persistent, dump_dir=tmp_path
+    )
     body = fn.__ptx__.split(".entry", 1)[1]
-    assert body.count("shfl.sync.up") == 5 and "vote.sync.ballot" in body
+    assert body.count("shfl.sync.up") == (10 if persistent else 5)
+    assert "vote.sync.ballot" in body
     assert _has_backward_branch(body)

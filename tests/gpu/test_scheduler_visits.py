@@ -92,9 +92,44 @@ def test_varlen_scheduler_decodes_the_tile_order(lengths, heads, tile, longest_f
         assert bound * heads >= len(order)
         cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
         tiles = torch.full((bound * heads, 4), -7, dtype=torch.int32, device="cuda")
-        _cache[key](cu, total_rows, max_length, heads, tiles)
+        _cache[key](cu, total_rows, max_length, heads, 1, tiles)
         torch.cuda.synchronize()
         got = [tuple(row) for row in tiles.tolist()]
         assert got[: len(order)] == [(*work, 1) for work in order]
         past = (-(-lengths[-1] // tile), 0, len(lengths) - 1, 0)
         assert got[len(order):] == [past] * (len(got) - len(order))
+
+
+@pytest.mark.parametrize("max_ctas", (1, 5, 132))
+@pytest.mark.parametrize("longest_first", (False, True))
+@pytest.mark.parametrize("lengths", VARLEN_LENGTHS, ids=lambda lengths: f"{len(lengths)}seqs")
+def test_persistent_varlen_scheduler_visits_each_tile_once_heads_fastest(
+    lengths, longest_first, max_ctas
+):
+    """Persistent: the CTAs together visit each work tile of ``varlen_tile_order(...,
+    heads_fastest=True)`` once, CTA c the work indices c, c + grid, ..., and stop at the last."""
+    import itertools
+
+    from scheduler_probe import compile_varlen_decoder
+
+    from cuteattn.kernels.common.tile_scheduler import varlen_tile_order
+    from cuteattn.runtime.arch import device_arch
+
+    tile, heads = 64, 3
+    key = ("varlen persistent", longest_first)
+    if key not in _cache:
+        arch = device_arch(torch.device("cuda")).name
+        _cache[key] = compile_varlen_decoder(
+            tile=tile, longest_first=longest_first, persistent=True, arch=arch
+        )
+    total_rows = sum(lengths) + 3
+    order = varlen_tile_order(lengths, tile, heads, longest_first, heads_fastest=True)
+    loose = (total_rows + len(lengths) * (tile - 1)) // tile
+    bound = min(loose, len(lengths) * -(-max(lengths) // tile))
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    tiles = torch.full((bound * heads, 4), -7, dtype=torch.int32, device="cuda")
+    _cache[key](cu, total_rows, max(lengths), heads, max_ctas, tiles)
+    torch.cuda.synchronize()
+    got = [tuple(row) for row in tiles.tolist()]
+    assert got[: len(order)] == [(*work, 1) for work in order]
+    assert got[len(order):] == [(-7,) * 4] * (len(got) - len(order))

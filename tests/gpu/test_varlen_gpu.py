@@ -224,3 +224,35 @@ def test_varlen_many_sequences(family):
     assert_close_to_reference("lse", lse.detach(), lse_ref, lse_pt)
     assert_grads_close([x.grad for x in leaves], q, k, v, dout, **kwargs)
 
+
+
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varlen_long_sequences(family, head_dim, causal):
+    """Sequences past 2048 rows, where the sm90 planner takes its long plans for packed
+    batches (d64: 192-row tiles, persistent; d128 causal: single tile) and a persistent grid
+    of the SM count strides over more work tiles than it has CTAs (the plans:
+    ``tests/cpu/test_plan.py``); forward against the reference."""
+    import cuteattn
+    from cuteattn.reference import attention
+    from cuteattn.testing import assert_close_to_reference
+
+    skip_unless_family_runs(family)
+    lengths_q = [3001, 0, 2300, 1, 4100, 777]
+    lengths_k = [2900, 5, 2300, 0, 4100, 1500]
+    q = torch.randn(sum(lengths_q), 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths_k), 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu_q, cu_k = _cumulative(lengths_q), _cumulative(lengths_k)
+    out = torch.full_like(q, float("nan"))
+    got, lse = cuteattn.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal, out=out,
+        return_lse=True, family=family,
+    )
+    torch.cuda.synchronize()
+    kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal)
+    out_ref, lse_ref = attention(q, k, v, **kwargs)
+    out_pt, lse_pt = attention(q, k, v, upcast=False, **kwargs)
+    assert_close_to_reference("out", got, out_ref, out_pt)
+    assert_close_to_reference("lse", lse, lse_ref, lse_pt)

@@ -43,7 +43,8 @@ heads one after another, its tiles fastest (``varlen_tile_order`` in plain Pytho
 needs no host sync (``make_varlen_tile_counts``: never more than a grid over the longest
 sequence); each CTA finds its sequence by a warp-wide scan of the tile counts
 (``decode_varlen_tile``, 32 sequences a pass), and the CTAs past the last tile get an invalid
-work tile. Single tile only.
+work tile. Single tile, or persistent like ``LinearTileScheduler`` (every grid_dim-th work
+tile, decoded afresh: the sm90 forward).
 
 ``longest_first`` is for causal attention: the query tiles with the most key tiles start first
 (SingleTileScheduler: m_block counts down the grid; LinearTileScheduler: within each section),
@@ -154,21 +155,7 @@ def _single_tile_only(persistent: bool):
         )
 
 
-class _OneTilePerCTA:
-    """A single-tile scheduler's walk: its CTA's work tile, then done (``_done`` is plain
-    Python, a compile-time constant, so a kernel loop over it folds)."""
-
-    _done: bool
-
-    def initial_work_tile(self) -> WorkTile:
-        return self.get_current_work()
-
-    def advance(self) -> WorkTile:
-        self._done = True
-        return self.get_current_work()
-
-
-class SingleTileScheduler(_OneTilePerCTA):
+class SingleTileScheduler:
     """One CTA per work tile: grid (m_blocks, heads, batches), blockIdx is the work tile."""
 
     def __init__(self, counts: TileCounts, *, longest_first: bool, done: bool = False):
@@ -187,6 +174,13 @@ class SingleTileScheduler(_OneTilePerCTA):
     ) -> "SingleTileScheduler":
         _single_tile_only(persistent)
         return cls(counts, longest_first=longest_first)
+
+    def initial_work_tile(self) -> WorkTile:
+        return self.get_current_work()
+
+    def advance(self) -> WorkTile:
+        self._done = True
+        return self.get_current_work()
 
     def get_current_work(self) -> WorkTile:
         m_block, head, batch = cute.arch.block_idx()
@@ -319,15 +313,21 @@ def make_varlen_tile_counts(
     )
 
 
-def varlen_tile_order(lengths, tile: int, num_heads: int, longest_first: bool) -> list:
-    """The (block, head, batch) work tiles of ``VarlenTileScheduler`` in CTA order, in plain
-    Python: sequence by sequence, each sequence's heads in turn, its tiles fastest (from the last
-    one down if ``longest_first``)."""
+def varlen_tile_order(
+    lengths, tile: int, num_heads: int, longest_first: bool, heads_fastest: bool = False
+) -> list:
+    """The (block, head, batch) work tiles of ``VarlenTileScheduler`` in work-index order, in
+    plain Python: sequence by sequence, each sequence's heads in turn, its tiles fastest (from
+    the last one down if ``longest_first``); ``heads_fastest`` (persistent): each tile of the
+    sequence in turn, its heads fastest."""
     order = []
     for batch, length in enumerate(lengths):
         tiles = -(-length // tile)
         blocks = range(tiles - 1, -1, -1) if longest_first else range(tiles)
-        order += [(block, head, batch) for head in range(num_heads) for block in blocks]
+        if heads_fastest:
+            order += [(block, head, batch) for block in blocks for head in range(num_heads)]
+        else:
+            order += [(block, head, batch) for head in range(num_heads) for block in blocks]
     return order
 
 
@@ -347,6 +347,7 @@ def warp_inclusive_sum(value: Int32) -> Int32:
 def decode_varlen_tile(
     tile_idx: Int32, counts: VarlenTileCounts, cu_seqlens: cute.Tensor,
     tile: cutlass.Constexpr[int], longest_first: cutlass.Constexpr[bool],
+    heads_fastest: cutlass.Constexpr[bool] = False,
 ) -> WorkTile:
     """CTA ``tile_idx``'s work tile in ``varlen_tile_order``. Called by whole warps (every lane
     takes part in the scan): each lane counts one sequence's work tiles (tiles x heads), a warp
@@ -384,8 +385,14 @@ def decode_varlen_tile(
         first_batch = first_batch + cute.arch.WARP_SIZE
     valid = batch >= 0
     local = tile_idx - start
-    head = local // tiles_found
-    block = local - head * tiles_found
+    block = Int32(0)
+    head = Int32(0)
+    if cutlass.const_expr(heads_fastest):
+        block = local // counts.num_heads
+        head = local - block * counts.num_heads
+    else:
+        head = local // tiles_found
+        block = local - head * tiles_found
     if cutlass.const_expr(longest_first):
         block = tiles_found - 1 - block
     if not valid:
@@ -395,51 +402,82 @@ def decode_varlen_tile(
     return WorkTile(m_block=block, head=head, batch=batch, is_valid=Boolean(valid))
 
 
-class VarlenTileScheduler(_OneTilePerCTA):
-    """One CTA per work tile of a packed batch, in ``varlen_tile_order``; the module docstring
-    says why. ``tile``: the rows a work tile covers along the lengths (query rows in the
-    forward, key rows in the backward)."""
+class VarlenTileScheduler:
+    """The work tiles of a packed batch in ``varlen_tile_order``; the module docstring says
+    why. ``tile``: the rows a work tile covers along the lengths (query rows in the forward,
+    key rows in the backward). Single tile: one CTA per work tile of the grid's bound.
+    Persistent: grid (min(max_ctas, bound), 1, 1), each CTA taking every grid_dim-th work tile
+    (a warp-wide scan per tile, ``decode_varlen_tile``) until they run out."""
 
     def __init__(
         self, counts: VarlenTileCounts, cu_seqlens: cute.Tensor, *, tile: int,
-        longest_first: bool, done: bool = False,
+        longest_first: bool, persistent: bool = False, tile_idx: Int32 | None = None,
+        done: bool = False,
     ):
         self.counts = counts
         self.cu_seqlens = cu_seqlens
         self.tile = tile
         self.longest_first = longest_first
-        self._done = done
+        self.persistent = persistent
+        self._tile_idx = tile_idx  # persistent only: the CTA's current work index
+        self._done = done  # single tile: plain Python, so a kernel loop over it folds
 
     @staticmethod
-    def grid_shape(counts: VarlenTileCounts, *, persistent: bool = False, max_ctas=None) -> tuple:
-        if persistent:
-            raise ValueError("VarlenTileScheduler runs one tile per CTA")
-        return (counts.num_tiles_bound * counts.num_heads, 1, 1)
+    def grid_shape(
+        counts: VarlenTileCounts, *, persistent: bool = False, max_ctas: Int32 | None = None
+    ) -> tuple:
+        tiles = counts.num_tiles_bound * counts.num_heads
+        if not persistent:
+            return (tiles, 1, 1)
+        if max_ctas is None:
+            raise ValueError("a persistent VarlenTileScheduler grid needs max_ctas")
+        return (cutlass.min(max_ctas, tiles), 1, 1)
 
     @classmethod
     def create(
         cls, counts: VarlenTileCounts, cu_seqlens: cute.Tensor, *, tile: int,
         longest_first: bool, persistent: bool = False,
     ) -> "VarlenTileScheduler":
-        if persistent:
-            raise ValueError("VarlenTileScheduler runs one tile per CTA")
-        return cls(counts, cu_seqlens, tile=tile, longest_first=longest_first)
+        tile_idx = Int32(cute.arch.block_idx()[0]) if persistent else None
+        return cls(
+            counts, cu_seqlens, tile=tile, longest_first=longest_first, persistent=persistent,
+            tile_idx=tile_idx,
+        )
 
     def get_current_work(self) -> WorkTile:
+        tile_idx = self._tile_idx
+        if cutlass.const_expr(not self.persistent):
+            tile_idx = Int32(cute.arch.block_idx()[0])
+        # Persistent CTAs take every grid_dim-th tile: with a sequence's tiles fastest, a grid
+        # that is a multiple of their count would give one CTA every head's longest tile.
         work = decode_varlen_tile(
-            Int32(cute.arch.block_idx()[0]), self.counts, self.cu_seqlens, self.tile,
-            self.longest_first,
+            tile_idx, self.counts, self.cu_seqlens, self.tile, self.longest_first,
+            heads_fastest=self.persistent,
         )
         if cutlass.const_expr(self._done):
             work = work._replace(is_valid=Boolean(False))
         return work
 
+    def initial_work_tile(self) -> WorkTile:
+        return self.get_current_work()
+
+    def advance(self) -> WorkTile:
+        if cutlass.const_expr(self.persistent):
+            self._tile_idx = self._tile_idx + Int32(cute.arch.grid_dim()[0])
+        else:
+            self._done = True
+        return self.get_current_work()
+
+    def _state(self):
+        return (self.counts, self.cu_seqlens) + ((self._tile_idx,) if self.persistent else ())
+
     def __extract_mlir_values__(self):
-        return cutlass.extract_mlir_values((self.counts, self.cu_seqlens))
+        return cutlass.extract_mlir_values(self._state())
 
     def __new_from_mlir_values__(self, values):
-        counts, cu_seqlens = cutlass.new_from_mlir_values((self.counts, self.cu_seqlens), values)
+        state = cutlass.new_from_mlir_values(self._state(), values)
         return VarlenTileScheduler(
-            counts, cu_seqlens, tile=self.tile, longest_first=self.longest_first,
+            state[0], state[1], tile=self.tile, longest_first=self.longest_first,
+            persistent=self.persistent, tile_idx=state[2] if self.persistent else None,
             done=self._done,
         )

@@ -28,8 +28,9 @@ sections of heads, longest query tiles first when causal). Its warpgroups:
 A query tile that sees no key (causal with seqlen_q > seqlen_k) loads nothing and writes
 O = 0, LSE = -inf.
 
-Varlen (packed sequences, (1, total, heads, dim), lse (1, heads, total)): a CTA per query tile
-of each sequence and head (``VarlenTileScheduler``), single-tile and not packed GQA. TMA loads start at
+Varlen (packed sequences, (1, total, heads, dim), lse (1, heads, total)): the query tiles of
+each sequence and head (``VarlenTileScheduler``, single tile or persistent), not packed GQA.
+TMA loads start at
 the sequence's first row (the domain offset of its ``SeqlenInfo``): rows past the sequence's
 keys are masked like any past seqlen_k, rows past its queries are computed and not stored. O
 leaves through shared memory and 128-bit row stores predicated on the sequence's end (a TMA
@@ -430,7 +431,8 @@ class FlashForwardSm90(AttentionKernel):
     def make_scheduler(self, counts, cu_seqlens_q: cute.Tensor | None):
         if cutlass.const_expr(self.varlen):
             return VarlenTileScheduler.create(
-                counts, cu_seqlens_q, tile=self.tile_positions, longest_first=self.causal
+                counts, cu_seqlens_q, tile=self.tile_positions, longest_first=self.causal,
+                persistent=self.persistent,
             )
         return LinearTileScheduler.create(
             counts, longest_first=self.causal, persistent=self.persistent
