@@ -199,6 +199,34 @@ class SingleTileScheduler:
         return SingleTileScheduler(counts, longest_first=self.longest_first, done=self._done)
 
 
+def _launch_grid(tiles, persistent: bool, max_ctas, scheduler: str) -> tuple:
+    """One CTA per work tile, or, persistent, at most ``max_ctas`` (the CTAs resident at once,
+    e.g. the SM count: it comes at run time, so one compiled kernel fits every SKU)."""
+    if not persistent:
+        return (tiles, 1, 1)
+    if max_ctas is None:
+        raise ValueError(f"a persistent {scheduler} grid needs max_ctas")
+    return (cutlass.min(max_ctas, tiles), 1, 1)
+
+
+class _StridedWalk:
+    """A CTA's walk over a linear work index: persistent, every grid_dim-th index from its
+    block index; single tile, its block index, then done (``_finish``)."""
+
+    persistent: bool
+    _tile_idx: Int32
+
+    def initial_work_tile(self) -> WorkTile:
+        return self.get_current_work()
+
+    def advance(self) -> WorkTile:
+        if cutlass.const_expr(self.persistent):
+            self._tile_idx = self._tile_idx + Int32(cute.arch.grid_dim()[0])
+        else:
+            self._finish()
+        return self.get_current_work()
+
+
 def decode_linear_tile(tile_idx, counts: LinearTileCounts, *, longest_first: bool):
     """(m_block, head, batch) of a linear work index, for DSL integers and Python ints alike
     (``cutlass.min`` of two ints is the builtin's int).
@@ -222,7 +250,7 @@ def decode_linear_tile(tile_idx, counts: LinearTileCounts, *, longest_first: boo
     return m_block, head, batch
 
 
-class LinearTileScheduler:
+class LinearTileScheduler(_StridedWalk):
     """Single tile or persistent over the linear index of ``decode_linear_tile``."""
 
     def __init__(
@@ -237,14 +265,7 @@ class LinearTileScheduler:
     def grid_shape(
         counts: LinearTileCounts, *, persistent: bool = False, max_ctas: Int32 | None = None
     ) -> tuple:
-        """``max_ctas``: how many CTAs may be resident at once (e.g. the SM count); a
-        persistent grid needs it."""
-        tiles = counts.num_tiles()
-        if not persistent:
-            return (tiles, 1, 1)
-        if max_ctas is None:
-            raise ValueError("a persistent LinearTileScheduler grid needs max_ctas")
-        return (cutlass.min(max_ctas, tiles), 1, 1)
+        return _launch_grid(counts.num_tiles(), persistent, max_ctas, "LinearTileScheduler")
 
     @classmethod
     def create(
@@ -264,15 +285,8 @@ class LinearTileScheduler:
             is_valid=Boolean(self._tile_idx < self.counts.num_tiles()),
         )
 
-    def initial_work_tile(self) -> WorkTile:
-        return self.get_current_work()
-
-    def advance(self) -> WorkTile:
-        if cutlass.const_expr(self.persistent):
-            self._tile_idx = self._tile_idx + Int32(cute.arch.grid_dim()[0])
-        else:
-            self._tile_idx = self.counts.num_tiles()  # one tile per CTA
-        return self.get_current_work()
+    def _finish(self):
+        self._tile_idx = self.counts.num_tiles()  # one tile per CTA
 
     def __extract_mlir_values__(self):
         return cutlass.extract_mlir_values((self.counts, self._tile_idx))
@@ -402,7 +416,7 @@ def decode_varlen_tile(
     return WorkTile(m_block=block, head=head, batch=batch, is_valid=Boolean(valid))
 
 
-class VarlenTileScheduler:
+class VarlenTileScheduler(_StridedWalk):
     """The work tiles of a packed batch in ``varlen_tile_order``; the module docstring says
     why. ``tile``: the rows a work tile covers along the lengths (query rows in the forward,
     key rows in the backward). Single tile: one CTA per work tile of the grid's bound.
@@ -427,11 +441,7 @@ class VarlenTileScheduler:
         counts: VarlenTileCounts, *, persistent: bool = False, max_ctas: Int32 | None = None
     ) -> tuple:
         tiles = counts.num_tiles_bound * counts.num_heads
-        if not persistent:
-            return (tiles, 1, 1)
-        if max_ctas is None:
-            raise ValueError("a persistent VarlenTileScheduler grid needs max_ctas")
-        return (cutlass.min(max_ctas, tiles), 1, 1)
+        return _launch_grid(tiles, persistent, max_ctas, "VarlenTileScheduler")
 
     @classmethod
     def create(
@@ -458,15 +468,8 @@ class VarlenTileScheduler:
             work = work._replace(is_valid=Boolean(False))
         return work
 
-    def initial_work_tile(self) -> WorkTile:
-        return self.get_current_work()
-
-    def advance(self) -> WorkTile:
-        if cutlass.const_expr(self.persistent):
-            self._tile_idx = self._tile_idx + Int32(cute.arch.grid_dim()[0])
-        else:
-            self._done = True
-        return self.get_current_work()
+    def _finish(self):
+        self._done = True
 
     def _state(self):
         return (self.counts, self.cu_seqlens) + ((self._tile_idx,) if self.persistent else ())
