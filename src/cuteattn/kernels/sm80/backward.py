@@ -59,20 +59,10 @@ from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
 from cuteattn.kernels.sm80 import tiling
-from cuteattn.kernels.sm80.fragments import gmem_row_copies, ldmatrix_atoms, smem_tile_atom
+from cuteattn.kernels.sm80.fragments import ldmatrix_atoms
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
-
-
-def _transposed(tensor: cute.Tensor) -> cute.Tensor:
-    """A (rows, cols[, stages]) shared-memory tile seen as (cols, rows[, stages])."""
-    rows, cols = cute.size(tensor, mode=[0]), cute.size(tensor, mode=[1])
-    if cute.rank(tensor) == 2:
-        return cute.composition(tensor, cute.make_layout((cols, rows), stride=(rows, 1)))
-    stages = cute.size(tensor, mode=[2])
-    return cute.composition(
-        tensor, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols))
-    )
 
 
 def _tiled_mma(dtype, warps_mn: tuple[int, int]) -> cute.TiledMma:
@@ -261,12 +251,12 @@ class FlashBackwardSm80(AttentionKernel):
             )
             sdQ = cute.make_tensor(cute.recast_ptr(sP.iterator, dtype=Float32), dq_layout)
         sRows = storage.sRows.get_tensor(cute.make_layout((self.tile_m, 2, self.num_stages)))
-        sKt, sPt, sdSt = (_transposed(t) for t in (sK, sP, sdS))
+        sKt, sPt, sdSt = (transposed(t) for t in (sK, sP, sdS))
         # Register fragments come from stage 0; the ldmatrix partitions span every stage and a
         # step picks its own (``_at_stage``).
         sQ, sdO = sQ_stages[None, None, 0], sdO_stages[None, None, 0]
-        sQt, sdOt = _transposed(sQ), _transposed(sdO)
-        sQt_stages, sdOt_stages = _transposed(sQ_stages), _transposed(sdO_stages)
+        sQt, sdOt = transposed(sQ), transposed(sdO)
+        sQt_stages, sdOt_stages = transposed(sQ_stages), transposed(sdO_stages)
 
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
         thr_dkv = tiled_mma_dkv.get_slice(tidx)

@@ -46,15 +46,11 @@ from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.sink import row_sinks
+from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom
 from cuteattn.kernels.common.softmax import OnlineSoftmax, rescale_rows
 from cuteattn.kernels.common.tile_scheduler import SingleTileScheduler, TileCounts
 from cuteattn.kernels.sm80 import tiling
-from cuteattn.kernels.sm80.fragments import (
-    acc_as_operand_a,
-    gmem_row_copies,
-    ldmatrix_atoms,
-    smem_tile_atom,
-)
+from cuteattn.kernels.sm80.fragments import acc_as_operand_a, ldmatrix_atoms
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
 
 

@@ -67,14 +67,14 @@ from cuteattn.kernels.common.epilogue import store_o
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
 from cuteattn.kernels.common.tile_scheduler import (
     VarlenTileCounts,
     VarlenTileScheduler,
     make_varlen_tile_counts,
 )
-from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
 from cuteattn.kernels.sm90.family import backward_dq_chunks, backward_dq_splits_rows
-from cuteattn.kernels.sm90.smem import permuted, smem_layout, transposed, zero_rows_from
+from cuteattn.kernels.sm90.smem import permuted, smem_layout, zero_rows_from
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
 
 KEYS_PER_WARPGROUP = 64

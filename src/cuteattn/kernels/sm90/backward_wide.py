@@ -40,7 +40,7 @@ from cuteattn.kernels.sm90.backward import (
     consumer_thread,
 )
 from cuteattn.kernels.sm90.family import WIDE_BACKWARD_SPLIT_DIM
-from cuteattn.kernels.sm90.smem import transposed
+from cuteattn.kernels.common.smem_tiles import transposed
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm
 
 DQ_CHUNK_COLS = 64

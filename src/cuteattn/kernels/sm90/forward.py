@@ -66,6 +66,7 @@ from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.sink import row_sinks
+from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
 from cuteattn.kernels.common.softmax import (
     OnlineSoftmax,
     rescale_rows,
@@ -80,9 +81,8 @@ from cuteattn.kernels.common.tile_scheduler import (
     make_linear_tile_counts,
     make_varlen_tile_counts,
 )
-from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
 from cuteattn.kernels.sm90 import tiling
-from cuteattn.kernels.sm90.smem import permuted, smem_layout, transposed, zero_rows_from
+from cuteattn.kernels.sm90.smem import permuted, smem_layout, zero_rows_from
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
     NamedBarrier,

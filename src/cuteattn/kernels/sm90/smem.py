@@ -1,6 +1,6 @@
 """Shared-memory layouts and tile helpers of the sm90 kernels (forward and backward): the
-swizzled K-major layouts WGMMA and TMA read, transposed and permuted views, and the zeroing of
-a tile's rows past a sequence."""
+swizzled K-major layouts WGMMA and TMA read, permuted views, and the zeroing of a tile's rows
+past a sequence (transposed views: ``kernels/common/smem_tiles.py``)."""
 
 import cutlass
 import cutlass.cute as cute
@@ -9,7 +9,7 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from cuteattn.kernels.sm80.fragments import gmem_row_copies, smem_tile_atom
+from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom
 
 
 def smem_layout(dtype, rows: int, cols: int, stages: int | None = None):
@@ -19,13 +19,6 @@ def smem_layout(dtype, rows: int, cols: int, stages: int | None = None):
     )
     shape = (rows, cols) if stages is None else (rows, cols, stages)
     return cute.tile_to_shape(atom, shape, (0, 1) if stages is None else (0, 1, 2))
-
-
-def transposed(tensor: cute.Tensor) -> cute.Tensor:
-    """(rows, cols, ...) smem tensor seen as (cols, rows, ...): V as the B operand of P V."""
-    shape = (tensor.shape[1], tensor.shape[0], *tensor.shape[2:])
-    order = (1, 0, *range(2, cute.rank(tensor)))
-    return cute.composition(tensor, cute.make_ordered_layout(shape, order=order))
 
 
 def row_store_threads(rows: int, threads_per_row: int, num_threads: int) -> int:
