@@ -377,13 +377,11 @@ def dq_from_accum(
     target = dq
     if target is None or not validate.kernel_addressable(target):
         target = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    rows = target
     if varlen:
-        target4 = target.unsqueeze(0)
+        rows = target.unsqueeze(0)
         dk, dv = (None, None) if dk is None else (dk.unsqueeze(0), dv.unsqueeze(0))
-    postprocess(
-        dq_accum, target4 if varlen else target, cu_seqlens_q, max_seqlen_q, softmax_scale,
-        dk, dv, cu_seqlens_k,
-    )
+    postprocess(dq_accum, rows, cu_seqlens_q, max_seqlen_q, softmax_scale, dk, dv, cu_seqlens_k)
     if dq is None:
         return target
     if target is not dq:

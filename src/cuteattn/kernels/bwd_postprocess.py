@@ -103,14 +103,14 @@ class DqPostprocess:
                 )
                 self.scale_rows(mdQaccum, mdQ, seqlen, row_block, head, batch, softmax_scale, tidx)
             else:
-                self.zero_rows_from(mdQ, mCuSeqlensQ[num_seqs], row_block, head, tidx)
+                self.zero_packed_tail(mdQ, mCuSeqlensQ[num_seqs], row_block, head, tidx)
                 if cutlass.const_expr(mdK is not None):
                     # The main kernel writes every key row of every sequence (zeros where no
                     # query sees it) but none past the last sequence.
                     if head < mdK.shape[2]:
                         first_key = mCuSeqlensK[num_seqs]
-                        self.zero_rows_from(mdK, first_key, row_block, head, tidx)
-                        self.zero_rows_from(mdV, first_key, row_block, head, tidx)
+                        self.zero_packed_tail(mdK, first_key, row_block, head, tidx)
+                        self.zero_packed_tail(mdV, first_key, row_block, head, tidx)
         else:
             seqlen = SeqlenInfo.fixed(mdQ, mdQ)
             self.scale_rows(mdQaccum, mdQ, seqlen, row_block, head, batch, softmax_scale, tidx)
@@ -147,7 +147,7 @@ class DqPostprocess:
                 dst.store((src.load() * softmax_scale).to(self.dtype))
 
     @cute.jit
-    def zero_rows_from(
+    def zero_packed_tail(
         self, mX: cute.Tensor, first_row: Int32, row_block: Int32, head: Int32, tidx: Int32
     ):
         """Packed rows no sequence owns (first_row = the cumulative lengths' last on) of

@@ -115,7 +115,7 @@ class AttentionMask:
                     col_end = cutlass.min(col_end, col_limit_seqlen)
             col_start = row_diag - left
             # The bounds the compare below applies: col_end unless only the left one is set.
-            bounded_end = not (left >= 0 and not (right >= 0 or mask_seqlen))
+            bounded_end = left < 0 or right >= 0 or mask_seqlen
             if cutlass.const_expr(paired):
                 # Kept: columns col_start .. col_end - 1 (either bound open where unset).
                 end = num_cols

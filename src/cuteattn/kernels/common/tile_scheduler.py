@@ -13,7 +13,7 @@ One protocol for every scheduler, so a kernel's loop is the same for all of them
             ...compute work.m_block, work.head, work.batch...
             work = scheduler.advance()
 
-Two schedulers:
+Three schedulers:
 
 ``SingleTileScheduler`` (counts: ``TileCounts.create(...)``; the sm80 forward). One CTA per work
 tile, grid (m_blocks, heads, batches): blockIdx is the work tile, so the launch order the
@@ -43,11 +43,13 @@ heads one after another, its tiles fastest (``varlen_tile_order`` in plain Pytho
 needs no host sync (``make_varlen_tile_counts``: never more than a grid over the longest
 sequence); each CTA finds its sequence by a warp-wide scan of the tile counts
 (``decode_varlen_tile``, 32 sequences a pass), and the CTAs past the last tile get an invalid
-work tile. Single tile, or persistent like ``LinearTileScheduler`` (every grid_dim-th work
-tile, decoded afresh: the sm90 forward).
+work tile. Single tile, or persistent like ``LinearTileScheduler`` (grid (min(max_ctas,
+bound), 1, 1), every grid_dim-th work tile, decoded afresh, each warp scanning from the first
+sequence again: the sm90 forward).
 
 ``longest_first`` is for causal attention: the query tiles with the most key tiles start first
-(SingleTileScheduler: m_block counts down the grid; LinearTileScheduler: within each section),
+(SingleTileScheduler: m_block counts down the grid; LinearTileScheduler: within each section;
+VarlenTileScheduler: within each sequence),
 so short ones fill the tail of the launch instead of leaving SMs idle at its end.
 
 Schedulers carry DSL state through the kernel's ``while`` loop via ``__extract_mlir_values__``
@@ -155,50 +157,6 @@ def _single_tile_only(persistent: bool):
         )
 
 
-class SingleTileScheduler:
-    """One CTA per work tile: grid (m_blocks, heads, batches), blockIdx is the work tile."""
-
-    def __init__(self, counts: TileCounts, *, longest_first: bool, done: bool = False):
-        self.counts = counts
-        self.longest_first = longest_first
-        self._done = done  # plain Python: a compile-time constant, so the kernel loop folds
-
-    @staticmethod
-    def grid_shape(counts: TileCounts, *, persistent: bool = False, max_ctas=None) -> tuple:
-        _single_tile_only(persistent)
-        return (counts.num_m_blocks, counts.num_heads, counts.num_batches)
-
-    @classmethod
-    def create(
-        cls, counts: TileCounts, *, longest_first: bool, persistent: bool = False
-    ) -> "SingleTileScheduler":
-        _single_tile_only(persistent)
-        return cls(counts, longest_first=longest_first)
-
-    def initial_work_tile(self) -> WorkTile:
-        return self.get_current_work()
-
-    def advance(self) -> WorkTile:
-        self._done = True
-        return self.get_current_work()
-
-    def get_current_work(self) -> WorkTile:
-        m_block, head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.longest_first):
-            m_block = self.counts.num_m_blocks - 1 - m_block
-        return WorkTile(
-            m_block=Int32(m_block), head=Int32(head), batch=Int32(batch),
-            is_valid=Boolean(not self._done),
-        )
-
-    def __extract_mlir_values__(self):
-        return cutlass.extract_mlir_values(self.counts)
-
-    def __new_from_mlir_values__(self, values):
-        counts = cutlass.new_from_mlir_values(self.counts, values)
-        return SingleTileScheduler(counts, longest_first=self.longest_first, done=self._done)
-
-
 def _launch_grid(tiles, persistent: bool, max_ctas, scheduler: str) -> tuple:
     """One CTA per work tile, or, persistent, at most ``max_ctas`` (the CTAs resident at once,
     e.g. the SM count: it comes at run time, so one compiled kernel fits every SKU)."""
@@ -225,6 +183,48 @@ class _StridedWalk:
         else:
             self._finish()
         return self.get_current_work()
+
+
+class SingleTileScheduler(_StridedWalk):
+    """One CTA per work tile: grid (m_blocks, heads, batches), blockIdx is the work tile."""
+
+    persistent = False
+
+    def __init__(self, counts: TileCounts, *, longest_first: bool, done: bool = False):
+        self.counts = counts
+        self.longest_first = longest_first
+        self._done = done  # plain Python: a compile-time constant, so the kernel loop folds
+
+    @staticmethod
+    def grid_shape(counts: TileCounts, *, persistent: bool = False, max_ctas=None) -> tuple:
+        _single_tile_only(persistent)
+        return (counts.num_m_blocks, counts.num_heads, counts.num_batches)
+
+    @classmethod
+    def create(
+        cls, counts: TileCounts, *, longest_first: bool, persistent: bool = False
+    ) -> "SingleTileScheduler":
+        _single_tile_only(persistent)
+        return cls(counts, longest_first=longest_first)
+
+    def _finish(self):
+        self._done = True
+
+    def get_current_work(self) -> WorkTile:
+        m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.longest_first):
+            m_block = self.counts.num_m_blocks - 1 - m_block
+        return WorkTile(
+            m_block=Int32(m_block), head=Int32(head), batch=Int32(batch),
+            is_valid=Boolean(not self._done),
+        )
+
+    def __extract_mlir_values__(self):
+        return cutlass.extract_mlir_values(self.counts)
+
+    def __new_from_mlir_values__(self, values):
+        counts = cutlass.new_from_mlir_values(self.counts, values)
+        return SingleTileScheduler(counts, longest_first=self.longest_first, done=self._done)
 
 
 def decode_linear_tile(tile_idx, counts: LinearTileCounts, *, longest_first: bool):

@@ -279,7 +279,6 @@ class FlashBackwardSm90(AttentionKernel):
             sPdS: cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024
             ]
-            # Whole padded rows: each bulk reduction reads its buffer's last row's pad too.
             sdQ: cute.struct.Align[
                 cute.struct.MemRange[Float32, sdQ_elems], 1024
             ]
