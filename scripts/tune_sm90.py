@@ -75,6 +75,8 @@ def tile_list(text: str) -> list[tuple[int, int, int]]:
 
 def candidate_name(plan: KernelPlan) -> str:
     mode = "persistent" if plan.option("persistent") else "single"
+    if plan.option("dynamic", False):
+        mode = "dynamic"
     group = plan.option("pack_gqa", 1)
     packed = f"-pack{group}" if group > 1 else ""
     return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}"
@@ -94,15 +96,17 @@ def candidates(
     groups = sorted({group if pack else 1 for pack in pack_modes})
     for tile_m, tile_n, num_stages in tiles:
         for persistent, pack_gqa in ((p, g) for p in persistent_modes for g in groups):
-            plan = family.plan(
-                arch, dtype=dtype, head_dim=shape.dim, causal=shape.causal, tile_m=tile_m,
-                tile_n=tile_n, num_stages=num_stages, persistent=persistent, pingpong=None,
-                pack_gqa=pack_gqa,
-            )
-            if family.can_implement(plan, arch):
-                plans[candidate_name(plan)] = plan
-            else:
-                skipped.append(candidate_name(plan))
+            # Persistent causal: the static stride and the dynamic hand-out, both.
+            for dynamic in (False, True) if persistent and shape.causal else (False,):
+                plan = family.plan(
+                    arch, dtype=dtype, head_dim=shape.dim, causal=shape.causal, tile_m=tile_m,
+                    tile_n=tile_n, num_stages=num_stages, persistent=persistent, pingpong=None,
+                    pack_gqa=pack_gqa, dynamic=dynamic,
+                )
+                if family.can_implement(plan, arch):
+                    plans[candidate_name(plan)] = plan
+                else:
+                    skipped.append(candidate_name(plan))
     return plans, skipped
 
 

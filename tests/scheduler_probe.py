@@ -1,7 +1,8 @@
 """Probe kernels for tile schedulers, compiled on the CPU (tests/cpu) and run on the GPU
 (tests/gpu): each work tile a CTA gets adds 1 to visits[m_block, head, batch]
 (``compile_visit_counter``); the varlen scheduler's CTAs write the work tile they decode
-(``compile_varlen_decoder``)."""
+(``compile_varlen_decoder``); the dynamic scheduler's producer and consumer warps each count
+the tiles they walk (``compile_dynamic_visit_counter``)."""
 
 import cutlass
 import cutlass.cute as cute
@@ -9,6 +10,7 @@ from cutlass import Int32
 from cutlass.cute.runtime import make_fake_tensor
 
 from cuteattn.kernels.common.tile_scheduler import (
+    DynamicTileScheduler,
     LinearTileCounts,
     LinearTileScheduler,
     SingleTileScheduler,
@@ -132,4 +134,76 @@ def compile_varlen_decoder(
     return cute.compile(
         VarlenDecoder(), cu_seqlens, Int32(1), Int32(1), Int32(1), Int32(1), tiles, stream,
         options=options,
+    )
+
+
+def compile_dynamic_visit_counter(*, longest_first: bool, arch="sm_90a", dump_dir=None):
+    """fn(visits, max_ctas, heads_per_section, counter): visits an int32 (2, m_blocks, heads,
+    batches) tensor, zeroed; counter a zeroed (1,) int32. Each CTA has a producer warp (it draws
+    the tickets and passes the indices on) and a consumer warp; warp w adds 1 to
+    visits[w, m_block, head, batch] for each work tile it walks (``DynamicTileScheduler`` as the
+    sm90 forward uses it, its named barriers 8 and 9)."""
+
+    class DynamicVisitCounter:
+        @cute.jit
+        def __call__(
+            self, visits: cute.Tensor, max_ctas: Int32, heads_per_section: Int32,
+            counter: cute.Tensor, stream,
+        ):
+            counts = LinearTileCounts(
+                num_m_blocks=visits.shape[1], num_heads=visits.shape[2],
+                num_batches=visits.shape[3], heads_per_section=heads_per_section,
+            )
+            grid = DynamicTileScheduler.grid_shape(counts, max_ctas=max_ctas)
+            self.kernel(visits, counts, counter).launch(grid=grid, block=[64, 1, 1], stream=stream)
+
+        @cute.kernel
+        def kernel(self, visits: cute.Tensor, counts: LinearTileCounts, counter: cute.Tensor):
+            tidx, _, _ = cute.arch.thread_idx()
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+            @cute.struct
+            class Storage:
+                slot: cute.struct.MemRange[Int32, 1]
+
+            storage = cutlass.memory.SmemAllocator().allocate(Storage)
+            slot = storage.slot.get_tensor(cute.make_layout(1))
+            if warp == 0:
+                self.walk(visits, counts, counter, slot, 0, True, tidx)
+            else:
+                self.walk(visits, counts, counter, slot, 1, False, tidx)
+
+        @cute.jit
+        def walk(
+            self, visits, counts, counter, slot, row: cutlass.Constexpr[int],
+            producer: cutlass.Constexpr[bool], tidx,
+        ):
+            scheduler = DynamicTileScheduler.create(
+                counts, longest_first=longest_first, counter=counter, slot=slot,
+                producer=producer, consumer_threads=32, full_id=8, empty_id=9,
+            )
+            if cutlass.const_expr(not producer):
+                scheduler.consumer_start()
+            work = scheduler.initial_work_tile()
+            while work.is_valid:
+                if cutlass.const_expr(producer):
+                    scheduler.prefetch_next()
+                if tidx % 32 == 0:
+                    offset = cute.crd2idx(
+                        (row, work.m_block, work.head, work.batch), visits.layout
+                    )
+                    cute.arch.atomic_add((visits.iterator + offset).llvm_ptr, Int32(1))
+                work = scheduler.advance()
+
+    visits = make_fake_tensor(
+        Int32, (2, cute.sym_int(), cute.sym_int(), cute.sym_int()),
+        (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1),
+    )
+    counter = make_fake_tensor(Int32, (1,), (1,), assumed_align=4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    options = f"--enable-tvm-ffi --gpu-arch {arch}"
+    if dump_dir is not None:
+        options += f" --keep-ptx --dump-dir {dump_dir}"
+    return cute.compile(
+        DynamicVisitCounter(), visits, Int32(1), Int32(1), counter, stream, options=options
     )

@@ -190,9 +190,12 @@ def launch_forward(
         lse = empty_lse(q)
         kernel = compile_forward(plan)
         sink = sink.contiguous() if sink is not None else None
+        tile_counter = None
+        if get_family(plan.family).uses_tile_counter(plan):
+            tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device)
         kernel(
             q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-            softmax_scale, _num_sms(q.device.index),
+            softmax_scale, _num_sms(q.device.index), tile_counter,
         )
     return lse
 

@@ -30,6 +30,7 @@ def compiled_ptx(tmp_path, **plan_fields) -> str:
         *family.fake_forward_args(plan),
         cutlass.Float32(1.0),
         cutlass.Int32(1),
+        family.fake_tile_counter(plan),
         stream,
         options=f"--enable-tvm-ffi --gpu-arch sm_90a --keep-ptx --dump-dir {tmp_path}",
     )

@@ -34,11 +34,12 @@ def problem(head_dim=128, causal=False, arch="sm_90a", **overrides):
     return Problem(**fields)
 
 
-def sm90_plan(*, persistent=False, pingpong=True, pack_gqa=1, **fields):
+def sm90_plan(*, persistent=False, pingpong=True, pack_gqa=1, dynamic=False, **fields):
+    options = (("pack_gqa", pack_gqa), ("persistent", persistent), ("pingpong", pingpong))
     base = dict(
         family="sm90", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
         tile_n=128, num_threads=384, num_stages=2,
-        options=(("pack_gqa", pack_gqa), ("persistent", persistent), ("pingpong", pingpong)),
+        options=((("dynamic", True),) if dynamic else ()) + options,
     )
     base.update(fields)
     return KernelPlan(**base)
@@ -280,14 +281,19 @@ GOLDEN = {
         head_dim=64, causal=True, persistent=True, pack_gqa=4
     ),
     # d64 causal: 128-row tiles for short queries, 192 rows (three consumer warpgroups) long.
-    ("sm_90a", 64, True, "bf16", None, 1000): sm90_plan(head_dim=64, causal=True, persistent=True),
+    # Causal with more than two query tiles: the tiles handed out dynamically.
+    ("sm_90a", 64, True, "bf16", None, 1000): sm90_plan(
+        head_dim=64, causal=True, persistent=True, dynamic=True
+    ),
     ("sm_90a", 64, True, "bf16", None, 16384): sm90_plan(
-        head_dim=64, causal=True, persistent=True, tile_m=192, num_threads=512
+        head_dim=64, causal=True, persistent=True, tile_m=192, num_threads=512, dynamic=True
     ),
     ("sm_90a", 64, False, "bf16", None, 16384): sm90_plan(
         head_dim=64, persistent=True, tile_m=192, num_threads=512
     ),
-    ("sm_90a", 128, True, "bf16", None, 16384): sm90_plan(causal=True, persistent=True),
+    ("sm_90a", 128, True, "bf16", None, 16384): sm90_plan(
+        causal=True, persistent=True, dynamic=True
+    ),
     ("sm_90a", 192, False, "bf16", None, 1000): sm90_plan(
         head_dim=192, tile_n=112, pingpong=False
     ),
@@ -509,3 +515,21 @@ def test_softcap_forward_plans_share_exponentials_with_the_fma_pipe(monkeypatch)
     monkeypatch.setenv(EXP2_POLY_ENV, "two")
     with pytest.raises(ValueError, match=EXP2_POLY_ENV):
         plan_forward(capped)
+
+
+def test_dynamic_tile_counter_only_for_persistent_fixed_length_causal_or_window_forwards():
+    """The sm90 family hands out work tiles from a counter (the caller zeroes one per call)
+    exactly where tiles differ in work and the kernel is persistent over a fixed-length batch."""
+    sm90, sm80 = get_family("sm90"), get_family("sm80")
+    causal = plan_forward(problem(causal=True))
+    assert causal.option("persistent") and sm90.uses_tile_counter(causal)
+    assert not sm90.uses_tile_counter(plan_forward(problem()))  # dense: a static stride
+    window = plan_forward(problem(window=(256, 0)))
+    assert sm90.uses_tile_counter(window) is bool(window.option("persistent"))
+    assert not sm90.uses_tile_counter(plan_forward(problem(causal=True, varlen=True)))
+    # Two query tiles or fewer per head (decoding): no counter to zero per call.
+    short = plan_forward(problem(causal=True, seqlen_q=256))
+    assert short.option("persistent") and not sm90.uses_tile_counter(short)
+    assert not sm90.uses_tile_counter(plan_backward(problem(causal=True)))
+    assert not sm80.uses_tile_counter(plan_forward(problem(causal=True), family="sm80"))
+    assert sm90.fake_tile_counter(plan_forward(problem())) is None

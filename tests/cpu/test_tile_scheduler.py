@@ -5,7 +5,11 @@ import itertools
 import re
 
 import pytest
-from scheduler_probe import compile_varlen_decoder, compile_visit_counter
+from scheduler_probe import (
+    compile_dynamic_visit_counter,
+    compile_varlen_decoder,
+    compile_visit_counter,
+)
 
 from cuteattn.kernels.common.tile_scheduler import (
     LinearTileCounts,
@@ -193,3 +197,12 @@ def test_varlen_decoder_compiles_to_one_warp_scan(longest_first, persistent, tmp
     assert body.count("shfl.sync.up") == (10 if persistent else 5)
     assert "vote.sync.ballot" in body
     assert _has_backward_branch(body)
+
+
+def test_dynamic_scheduler_probe_compiles_with_its_barriers(tmp_path):
+    """The producer draws with one atomic per tile and passes the index through named barriers
+    8 (full) and 9 (empty)."""
+    fn = compile_dynamic_visit_counter(longest_first=True, dump_dir=tmp_path)
+    body = fn.__ptx__.split(".entry", 1)[1]
+    assert "atom.global.add" in body
+    assert "bar.arrive 8" in body and "bar.arrive 9" in body

@@ -33,8 +33,12 @@ def test_tile_list(tune):
 def test_candidates_skip_what_the_family_cannot_implement(tune):
     shape = Shape(dim=128, seqlen=1024, causal=True, batch=32, heads=16)
     plans, skipped = tune.candidates(HOPPER, shape, "bf16", [(128, 128, 2), (96, 128, 2)], (True, False))
-    assert list(plans) == ["128x128x2-persistent", "128x128x2-single"]
-    assert skipped == ["96x128x2-persistent", "96x128x2-single"]  # tile_m is 64 rows per warpgroup
+    # Causal and persistent: the static stride and the dynamic hand-out.
+    assert list(plans) == ["128x128x2-persistent", "128x128x2-dynamic", "128x128x2-single"]
+    assert skipped == [  # tile_m is 64 rows per warpgroup
+        "96x128x2-persistent", "96x128x2-dynamic", "96x128x2-single"
+    ]
+    assert plans["128x128x2-dynamic"].option("dynamic") is True
     plan = plans["128x128x2-persistent"]
     assert (plan.family, plan.head_dim, plan.causal, plan.num_stages) == ("sm90", 128, True, 2)
     assert plan.option("persistent") and plan.option("pingpong")  # ping-pong as the family defaults it

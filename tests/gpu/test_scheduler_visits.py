@@ -54,6 +54,32 @@ def _compiled(scheduler_cls, persistent, longest_first, arch, compile_visit_coun
     return _cache[key]
 
 
+@pytest.mark.parametrize("longest_first", (False, True))
+@pytest.mark.parametrize("m_blocks,heads,batches", [(1, 1, 1), (9, 5, 3), (33, 16, 2)])
+@pytest.mark.parametrize("max_ctas", (1, 7, 132))
+@pytest.mark.parametrize("heads_per_section", (1, 4, 64))
+def test_dynamic_scheduler_hands_out_every_tile_once(
+    longest_first, m_blocks, heads, batches, max_ctas, heads_per_section
+):
+    """``DynamicTileScheduler``: the producer warp's walk and the consumer warp's (which gets
+    each index through shared memory) both visit every work tile exactly once, the CTAs
+    together; the counter ends at the number of tiles (every draw, one failing per CTA)."""
+    from scheduler_probe import compile_dynamic_visit_counter
+
+    from cuteattn.runtime.arch import device_arch
+
+    key = ("dynamic", longest_first)
+    if key not in _cache:
+        arch = device_arch(torch.device("cuda")).name
+        _cache[key] = compile_dynamic_visit_counter(longest_first=longest_first, arch=arch)
+    visits = torch.zeros(2, m_blocks, heads, batches, dtype=torch.int32, device="cuda")
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    _cache[key](visits, max_ctas, heads_per_section, counter)
+    torch.cuda.synchronize()
+    assert torch.all(visits == 1), f"visit counts {visits.unique(return_counts=True)}"
+    assert counter.item() == m_blocks * heads * batches
+
+
 # Zero-length sequences, one tile, more sequences than a warp's 32 (the scan takes passes), and
 # lengths summing to a multiple of the tile (the bound is then tight for one sequence).
 VARLEN_LENGTHS = [

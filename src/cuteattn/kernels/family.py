@@ -224,6 +224,20 @@ class KernelFamily(abc.ABC):
 
         return fake_backward_args(plan, self.dq_accum_chunks(plan))
 
+    def uses_tile_counter(self, plan: KernelPlan) -> bool:
+        """Whether ``plan``'s forward kernel hands out its work tiles from a global counter:
+        the caller then passes a zeroed (1,) int32 tensor as its ``tile_counter``."""
+        return False
+
+    def fake_tile_counter(self, plan: KernelPlan):
+        """The fake ``tile_counter`` argument to compile ``plan``'s forward kernel with."""
+        if not self.uses_tile_counter(plan):
+            return None
+        import cutlass
+        from cutlass.cute.runtime import make_fake_tensor
+
+        return make_fake_tensor(cutlass.Int32, (1,), (1,), assumed_align=4)
+
     def dq_accum_chunks(self, plan: KernelPlan) -> tuple[int, int]:
         """(chunks, row_pad) of a backward plan's fp32 dq accumulator, laid out (batch,
         heads_q, chunks, rows, head_dim / chunks + row_pad): column chunks one after the other,

@@ -29,16 +29,19 @@ def compile_forward(plan: KernelPlan):
     """Compile (or fetch) the forward kernel for a plan.
 
     Call it as ``fn(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
-    max_seqlen_q, softmax_scale, max_ctas)``: ``sink`` the learnable sink's (heads_q,) fp32
-    logits of a plan with one, else None; a varlen plan's int32 cumulative lengths and keys used
-    (else None) and its longest query sequence (else unused); ``max_ctas`` is how many CTAs
-    can be resident at once (the device's SM count), the grid of a persistent kernel; a runtime
-    value, so one compiled kernel serves every SKU of an arch.
+    max_seqlen_q, softmax_scale, max_ctas, tile_counter)``: ``sink`` the learnable sink's
+    (heads_q,) fp32 logits of a plan with one, else None; a varlen plan's int32 cumulative
+    lengths and keys used (else None) and its longest query sequence (else unused); ``max_ctas``
+    is how many CTAs can be resident at once (the device's SM count), the grid of a persistent
+    kernel; a runtime value, so one compiled kernel serves every SKU of an arch;
+    ``tile_counter`` a zeroed (1,) int32 tensor where the family ``uses_tile_counter``, else
+    None.
     """
     if plan.kind != "forward":
         raise ValueError(f"not a forward plan: {plan}")
     return _compile(plan, lambda family, cutlass: (
-        *family.fake_forward_args(plan), cutlass.Float32(1.0), cutlass.Int32(1)
+        *family.fake_forward_args(plan), cutlass.Float32(1.0), cutlass.Int32(1),
+        family.fake_tile_counter(plan),
     ))
 
 

@@ -119,6 +119,7 @@ class FlashForwardSm80(AttentionKernel):
         max_seqlen_q: Int32,  # varlen: the longest sequence (the grid), else unused
         softmax_scale: Float32,
         max_ctas: Int32,  # CTAs resident at once; unused: this kernel launches a CTA per tile
+        mTileCounter: cute.Tensor | None,  # unused (None): no dynamic scheduling here
         stream,
     ):
         check_operand_dtypes(mQ, mK, mV, mO)

@@ -73,6 +73,7 @@ from cuteattn.kernels.common.softmax import (
     rescale_rows_where_needed,
 )
 from cuteattn.kernels.common.tile_scheduler import (
+    DynamicTileScheduler,
     LinearTileCounts,
     LinearTileScheduler,
     VarlenTileCounts,
@@ -148,13 +149,16 @@ class FlashForwardSm90(AttentionKernel):
         num_stages: int,
         pingpong: bool | None = None,
         persistent: bool = False,
+        dynamic: bool = False,
         pack_gqa: int = 1,
         sink: bool = False,
         exp2_poly_every: int = 0,
         **shape,
     ):
         """pack_gqa: query heads per KV head packed into one tile's rows (1: not packed); the
-        caller guarantees heads_q == pack_gqa * heads_kv. sink: the kernel takes a learnable
+        caller guarantees heads_q == pack_gqa * heads_kv. dynamic (persistent, fixed-length):
+        the tiles handed out from a global counter (``DynamicTileScheduler``; the caller passes
+        a zeroed (1,) int32 tensor as tile_counter). sink: the kernel takes a learnable
         sink's logits (``kernels/common/sink.py``). shape: ``AttentionKernel``'s fields."""
         super().__init__(**shape)
         self.sink = sink
@@ -163,6 +167,7 @@ class FlashForwardSm90(AttentionKernel):
         self.exp2_poly_every = exp2_poly_every
         self.num_stages = num_stages
         self.persistent = persistent
+        self.dynamic = dynamic and persistent and not self.varlen
         self.pack_gqa = pack_gqa
         # Query positions per tile: packed, each position takes pack_gqa rows, and the rows
         # past the last whole group stay idle (tile_m need not be a multiple of pack_gqa).
@@ -208,6 +213,7 @@ class FlashForwardSm90(AttentionKernel):
         max_seqlen_q: Int32,  # varlen: the longest sequence (bounds the grid), else unused
         softmax_scale: Float32,
         max_ctas: Int32,  # CTAs resident at once (the SM count): a persistent kernel's grid
+        mTileCounter: cute.Tensor | None,  # dynamic: (1,) int32, zeroed; else None
         stream,
     ):
         check_operand_dtypes(mQ, mK, mV, mO)
@@ -253,6 +259,7 @@ class FlashForwardSm90(AttentionKernel):
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            tile_slot: cute.struct.MemRange[Int32, 1 if self.dynamic else 0]  # the next index
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -317,6 +324,7 @@ class FlashForwardSm90(AttentionKernel):
             mCuSeqlensQ,
             mCuSeqlensK,
             mSequsedK,
+            mTileCounter,
             tma_atom_q,
             tma_atom_k,
             tma_atom_v,
@@ -355,6 +363,7 @@ class FlashForwardSm90(AttentionKernel):
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,
+        mTileCounter: cute.Tensor | None,
         tma_atom_q: cute.CopyAtom,
         tma_atom_k: cute.CopyAtom,
         tma_atom_v: cute.CopyAtom,
@@ -404,6 +413,11 @@ class FlashForwardSm90(AttentionKernel):
         cu_seqlens = dict(
             mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK, mSequsedK=mSequsedK
         )
+        # Dynamic scheduling: the global ticket counter and the shared slot the producer
+        # passes each next work index through.
+        tiles = (None, None)
+        if cutlass.const_expr(self.dynamic):
+            tiles = (mTileCounter, storage.tile_slot.get_tensor(cute.make_layout(1)))
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -411,13 +425,14 @@ class FlashForwardSm90(AttentionKernel):
                 self.produce(
                     mQ, mK, mV, sQ, sK, sV, tma_atom_q, tma_atom_k, tma_atom_v,
                     pipeline_q, pipeline_k, pipeline_v, counts, block_info, seqlen, cu_seqlens,
+                    tiles,
                 )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(
                 mO, mLSE, mSink, sQ, sK, sV, sO, tma_atom_o, tiled_mma_qk, tiled_mma_pv,
                 pipeline_q, pipeline_k, pipeline_v, scale_log2, tanh_scale, counts, block_info,
-                seqlen, cu_seqlens, mO_rows,
+                seqlen, cu_seqlens, mO_rows, tiles,
             )
 
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
@@ -425,10 +440,21 @@ class FlashForwardSm90(AttentionKernel):
 
     def scheduler_class(self):
         """A packed batch's tiles follow its sequences (``VarlenTileScheduler``); otherwise the
-        linear order of L2 sections, single tile or persistent."""
-        return VarlenTileScheduler if self.varlen else LinearTileScheduler
+        linear order of L2 sections, single tile or persistent, statically strided or handed
+        out as CTAs ask (``DynamicTileScheduler``)."""
+        if self.varlen:
+            return VarlenTileScheduler
+        return DynamicTileScheduler if self.dynamic else LinearTileScheduler
 
-    def make_scheduler(self, counts, cu_seqlens_q: cute.Tensor | None):
+    def make_scheduler(self, counts, cu_seqlens_q: cute.Tensor | None, tiles, producer: bool):
+        """``tiles``: (ticket counter, shared slot) of a dynamic kernel; ``producer``: the
+        producer warp's scheduler (it draws the tickets) or a consumer's."""
+        if cutlass.const_expr(self.dynamic):
+            return DynamicTileScheduler.create(
+                counts, longest_first=self.causal, counter=tiles[0], slot=tiles[1],
+                producer=producer, consumer_threads=self.num_consumer_threads,
+                full_id=int(NamedBarrier.TILE_FULL), empty_id=int(NamedBarrier.TILE_EMPTY),
+            )
         if cutlass.const_expr(self.varlen):
             return VarlenTileScheduler.create(
                 counts, cu_seqlens_q, tile=self.tile_positions, longest_first=self.causal,
@@ -459,12 +485,13 @@ class FlashForwardSm90(AttentionKernel):
         block_info: BlockInfo,
         seqlen: SeqlenInfo,
         cu_seqlens: dict,
+        tiles: tuple,
     ):
         """Per work tile: Q, then K and V tiles from the last visible one down to 0, in the
         order the consumers use them (with intra-warpgroup overlap K(n - 1) before V(n))."""
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        scheduler = self.make_scheduler(counts, cu_seqlens["mCuSeqlensQ"])
+        scheduler = self.make_scheduler(counts, cu_seqlens["mCuSeqlensQ"], tiles, producer=True)
         work = scheduler.initial_work_tile()
         loads = dict(
             mQ=mQ, mK=mK, mV=mV, sQ=sQ, sK=sK, sV=sV, tma_atom_q=tma_atom_q,
@@ -474,6 +501,8 @@ class FlashForwardSm90(AttentionKernel):
         )
         if cutlass.const_expr(self.persistent):
             while work.is_valid:
+                if cutlass.const_expr(self.dynamic):
+                    scheduler.prefetch_next()
                 q_state, kv_state = self.produce_tile(work, q_state, kv_state, **loads)
                 work = scheduler.advance()
         else:
@@ -627,6 +656,7 @@ class FlashForwardSm90(AttentionKernel):
         seqlen: SeqlenInfo,
         cu_seqlens: dict,
         mO_rows: cute.Tensor | None,
+        tiles: tuple,
     ):
         tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
@@ -664,7 +694,9 @@ class FlashForwardSm90(AttentionKernel):
             pending_scale=pending_scale, mask=mask, pipeline_k=pipeline_k, pipeline_v=pipeline_v,
             wg_idx=wg_idx, tanh_scale=tanh_scale, sV=sV,
         )
-        scheduler = self.make_scheduler(counts, cu_seqlens["mCuSeqlensQ"])
+        scheduler = self.make_scheduler(counts, cu_seqlens["mCuSeqlensQ"], tiles, producer=False)
+        if cutlass.const_expr(self.dynamic):
+            scheduler.consumer_start()
         work = scheduler.initial_work_tile()
         tile_args = dict(
             mO=mO, mLSE=mLSE, mSink=mSink, sO=sO, tma_atom_o=tma_atom_o, pipeline_q=pipeline_q,

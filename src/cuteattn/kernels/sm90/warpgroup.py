@@ -24,6 +24,10 @@ class NamedBarrier(enum.IntEnum):
     SCHEDULER_WG0 = 2
     # Varlen: consumer warpgroup i has zeroed the V rows past its sequence's keys (5 + i).
     ZEROED_WG0 = 5
+    # Dynamic persistent scheduling: the producer warp has put the next work index in shared
+    # memory (full), the consumers have read it (empty).
+    TILE_FULL = 8
+    TILE_EMPTY = 9
 
 
 def tma_pipeline(barriers: cute.Pointer, num_stages: int, tile_bytes: int, consumer_threads: int):
