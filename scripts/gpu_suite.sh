@@ -25,7 +25,7 @@ declare -A SUITES=(
   [empty]="tests/gpu/test_empty_inputs_gpu.py"
   [headdim]="tests/gpu/test_head_dims.py"
   [dimv]="tests/gpu/test_dim_v.py"
-  [forward]="tests/gpu/test_forward.py tests/gpu/test_every_tiling.py tests/gpu/test_forward_robustness.py tests/gpu/test_long_context.py tests/gpu/test_pack_gqa.py tests/gpu/test_scheduler_visits.py"
+  [forward]="tests/gpu/test_forward.py tests/gpu/test_every_tiling.py tests/gpu/test_persistent_shared_o.py tests/gpu/test_forward_robustness.py tests/gpu/test_long_context.py tests/gpu/test_pack_gqa.py tests/gpu/test_scheduler_visits.py"
   [backward]="tests/gpu/test_backward.py tests/gpu/test_dq_postprocess.py"
 )
 case "${1:-features}" in

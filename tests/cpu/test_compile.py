@@ -402,3 +402,33 @@ def test_dim_v_compiles(case):
     from cuteattn.runtime.compile import compile_backward_preprocess
 
     assert compile_backward_preprocess(backward.arch, dtype, 128) is not None
+
+
+# Persistent sm90 forwards whose O takes Q's buffer (no room for one of its own: d192, d256),
+# fixed-length and packed; not the planner's choice today, tuned by scripts/tune_sm90.py.
+SHARED_O_CASES = (
+    (192, True, False, None), (256, False, False, None), (256, True, True, None),
+    (256, False, False, (300, 0)),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", SHARED_O_CASES, ids=lambda c: f"sm90-sm_90a-d{c[0]}-shared-o")
+def test_persistent_forward_with_o_in_q_buffer_compiles(case):
+    from cuteattn.kernels.sm90 import tiling
+
+    head_dim, causal, varlen, window = case
+    arch = arch_from_name("sm_90a")
+    problem = Problem(
+        batch=3, seqlen_q=1500, seqlen_k=700, heads_q=8, heads_kv=2, head_dim=head_dim,
+        head_dim_v=head_dim, dtype="bf16", causal=causal, arch=arch, varlen=varlen,
+        window=window,
+    )
+    plan = plan_forward(problem, family="sm90")
+    options = tuple((name, True if name == "persistent" else v) for name, v in plan.options)
+    plan = dataclasses.replace(plan, options=options)
+    assert get_family("sm90").can_implement(plan, arch), plan
+    assert not tiling.separate_o_fits(
+        head_dim, plan.tile_m, plan.tile_n, plan.num_stages, arch.smem_per_block
+    )
+    assert compile_forward(plan) is not None, plan

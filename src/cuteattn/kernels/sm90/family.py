@@ -5,7 +5,8 @@ Plan options (compile-time switches, ``KernelPlan.options``):
   - ``pingpong``: consumer warpgroups take turns issuing GEMMs (named barriers), so one
     warpgroup's softmax overlaps the other's GEMMs;
   - ``persistent``: one CTA per SM walks the work tiles; the next tile's loads overlap this
-    tile's epilogue (needs an O buffer of its own in shared memory);
+    tile's epilogue (its Q too where O has a buffer of its own in shared memory, else after
+    O's store: ``tiling.separate_o_fits``);
   - ``pack_gqa``: query heads per KV head stacked in one tile's rows (1: off). With GQA and
     short queries, a tile of one head is mostly padding and every query head reloads the same
     K and V; packed, one tile serves the whole group (``should_pack_gqa``).
@@ -15,7 +16,7 @@ import math
 import os
 
 
-from cuteattn.arch import ArchCaps
+from cuteattn.arch import ArchCaps, arch_from_name
 from cuteattn.kernels.family import (
     KernelFamily, family_options, features_well_formed, kernel_head_dim, with_features,
 )
@@ -29,8 +30,8 @@ ALWAYS = 2**62  # persistent at every length
 
 # Tiles per (head dim, causal), in order of preference: (tile_m, tile_n, num_stages, persistent
 # up to this seqlen_q). Measured on the H200 (docs/PERF.md, scripts/tune_sm90.py); tile_m is 64
-# rows per consumer warpgroup. Persistent kernels need an O buffer of their own, which d192 and
-# d256 tiles leave no room for.
+# rows per consumer warpgroup; 0: never persistent (d192 and d256 tiles leave no room for an O
+# buffer of its own: their persistent kernels, O in Q's buffer, are unmeasured).
 SM90_TILES = {
     # Persistent at every length since the R2P masks (eighth session, docs/PERF.md): 192x128
     # 421 / 517 / 544 TFLOP/s at 1k / 4k / 16k against single-tile's 362 / 477 / 507.
@@ -261,9 +262,9 @@ class Sm90Family(KernelFamily):
         if problem.head_dim_v != problem.head_dim:
             tiles = SM90_DIM_V_TILES.get((head_dim, problem.head_dim_v), ()) + tiles
         for tile_m, tile_n, num_stages, persistent_up_to in tiles:
-            # Persistent first where it pays; single-tile as the fallback when its separate O
-            # buffer does not fit. A packed (varlen) batch: not packed GQA.
-            persistent_first = problem.seqlen_q <= persistent_up_to and (
+            # Persistent first where it pays, single-tile as the fallback. A packed (varlen)
+            # batch: not packed GQA.
+            persistent_first = 0 < problem.seqlen_q <= persistent_up_to and (
                 not problem.varlen or (head_dim, problem.causal) in SM90_VARLEN_PERSISTENT
             )
             pack = not problem.varlen and should_pack_gqa(
@@ -356,10 +357,10 @@ class Sm90Family(KernelFamily):
             and 1 <= plan.option("pack_gqa") <= plan.tile_m
             and plan.num_threads == tiling.num_threads(plan.tile_m)
             and (not plan.option("pingpong") or tiling.num_consumer_warpgroups(plan.tile_m) >= 2)
+            # Persistent kernels keep O in Q's buffer where a buffer of its own does not fit.
             and tiling.can_implement(
-                plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
-                separate_o=plan.option("persistent"), smem_capacity=arch.smem_per_block,
-                head_dim_v=plan.option("dim_v"),
+                plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages, separate_o=False,
+                smem_capacity=arch.smem_per_block, head_dim_v=plan.option("dim_v"),
             )
             and (not plan.option("varlen") or plan.option("pack_gqa") == 1)
         )
@@ -391,6 +392,10 @@ class Sm90Family(KernelFamily):
             exp2_poly_every=plan.option("exp2_poly", 0),
             persistent=plan.option("persistent"),
             dynamic=self.uses_tile_counter(plan),
+            separate_o=tiling.separate_o_fits(
+                plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
+                arch_from_name(plan.arch).smem_per_block, plan.option("dim_v"),
+            ),
             pack_gqa=plan.option("pack_gqa"),
             sink=plan.option("sink", False),
         )

@@ -24,14 +24,14 @@ sections of heads, longest query tiles first when causal). Its warpgroups:
   - epilogue: O /= row_sum, LSE = (max * scale) + ln(row_sum); O goes registers -> shared
     memory -> global by a TMA store, which clips rows past seqlen_q; the LSE is written from
     registers. Single-tile kernels put O in Q's buffer; persistent ones have an O buffer of
-    their own, so the next tile's Q can load while O is stored.
-A query tile that sees no key (causal with seqlen_q > seqlen_k) loads nothing and writes
-O = 0, LSE = -inf.
+    their own where it fits, so the next tile's Q can load while O is stored, else (d192,
+    d256) O takes Q's buffer, whose stage the consumers release once O's store has read it.
+A query tile that sees no key (causal with seqlen_q > seqlen_k) loads no K or V (nor Q, but
+where O takes Q's buffer in a persistent kernel) and writes O = 0, LSE = -inf.
 
 Varlen (packed sequences, (1, total, heads, dim), lse (1, heads, total)): the query tiles of
 each sequence and head (``VarlenTileScheduler``, single tile or persistent), not packed GQA.
-TMA loads start at
-the sequence's first row (the domain offset of its ``SeqlenInfo``): rows past the sequence's
+TMA loads start at the sequence's first row (the domain offset of its ``SeqlenInfo``): rows past the sequence's
 keys are masked like any past seqlen_k, rows past its queries are computed and not stored. O
 leaves through shared memory and 128-bit row stores predicated on the sequence's end (a TMA
 box would write into the next sequence); the grid's few CTAs past the last tile get a query
@@ -150,6 +150,7 @@ class FlashForwardSm90(AttentionKernel):
         pingpong: bool | None = None,
         persistent: bool = False,
         dynamic: bool = False,
+        separate_o: bool = True,
         pack_gqa: int = 1,
         sink: bool = False,
         exp2_poly_every: int = 0,
@@ -159,7 +160,10 @@ class FlashForwardSm90(AttentionKernel):
         caller guarantees heads_q == pack_gqa * heads_kv. dynamic (persistent, fixed-length):
         the tiles handed out from a global counter (``DynamicTileScheduler``; the caller passes
         a zeroed (1,) int32 tensor as tile_counter). sink: the kernel takes a learnable
-        sink's logits (``kernels/common/sink.py``). shape: ``AttentionKernel``'s fields."""
+        sink's logits (``kernels/common/sink.py``). separate_o (persistent only): O has a
+        buffer of its own, so the next tile's Q loads during this tile's epilogue; without one
+        (``tiling.separate_o_fits``: d192 / d256 tiles leave no room) O takes Q's buffer and
+        the next Q waits until O's store has read it. shape: ``AttentionKernel``'s fields."""
         super().__init__(**shape)
         self.sink = sink
         # Every that-many-th exponential of the softmax on the FMA pipe (soft-capping: the
@@ -168,6 +172,9 @@ class FlashForwardSm90(AttentionKernel):
         self.num_stages = num_stages
         self.persistent = persistent
         self.dynamic = dynamic and persistent and not self.varlen
+        self.separate_o = persistent and separate_o
+        # Persistent with O in Q's buffer: the consumers hold Q's stage through the epilogue.
+        self.q_holds_o = persistent and not separate_o
         self.pack_gqa = pack_gqa
         # Query positions per tile: packed, each position takes pack_gqa rows, and the rows
         # past the last whole group stay idle (tile_m need not be a multiple of pack_gqa).
@@ -191,10 +198,10 @@ class FlashForwardSm90(AttentionKernel):
 
     @staticmethod
     def can_implement(
-        head_dim, tile_m, tile_n, num_stages, persistent, smem_capacity, head_dim_v=None
+        head_dim, tile_m, tile_n, num_stages, separate_o, smem_capacity, head_dim_v=None
     ) -> bool:
         return tiling.can_implement(
-            head_dim, tile_m, tile_n, num_stages, separate_o=persistent,
+            head_dim, tile_m, tile_n, num_stages, separate_o=separate_o,
             smem_capacity=smem_capacity, head_dim_v=head_dim_v,
         )
 
@@ -252,7 +259,7 @@ class FlashForwardSm90(AttentionKernel):
         sK_layout = smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
         sV_layout = smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
         sO_layout = smem_layout(self.dtype, self.tile_m, self.head_dim_v)
-        o_elems = cute.cosize(sO_layout) if cutlass.const_expr(self.persistent) else 0
+        o_elems = cute.cosize(sO_layout) if cutlass.const_expr(self.separate_o) else 0
 
         @cute.struct
         class SharedStorage:
@@ -398,7 +405,7 @@ class FlashForwardSm90(AttentionKernel):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = sQ
-        if cutlass.const_expr(self.persistent):
+        if cutlass.const_expr(self.separate_o):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         elif cutlass.const_expr(self.head_dim_v != self.head_dim):
             # O (dim_v columns) in Q's buffer.
@@ -534,10 +541,7 @@ class FlashForwardSm90(AttentionKernel):
         tVsV, tVgV = self.tma_partition(tma_atom_v, sV, gV)
         if n_block_max > n_block_min:
             self.load_tile(tma_atom_k, tKgK, tKsK, pipeline_k, n_block_max - 1, kv_state)
-            pipeline_q.producer_acquire(q_state)
-            cute.copy(
-                tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state)
-            )
+            self.load_q(tma_atom_q, tQgQ, tQsQ, pipeline_q, q_state)
             q_state.advance()
             for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
                 n_block = n_block_max - 2 - i
@@ -547,7 +551,19 @@ class FlashForwardSm90(AttentionKernel):
                 self.load_tile(tma_atom_v, tVgV, tVsV, pipeline_v, n_block + 1, v_state)
             self.load_tile(tma_atom_v, tVgV, tVsV, pipeline_v, n_block_min, kv_state)
             kv_state.advance()
+        if cutlass.const_expr(self.q_holds_o):
+            # A tile with no key loads its Q too: the consumers wait for it before O takes
+            # the buffer, so the next tile's Q cannot land on this tile's O.
+            if n_block_max <= n_block_min:
+                self.load_q(tma_atom_q, tQgQ, tQsQ, pipeline_q, q_state)
+                q_state.advance()
         return q_state, kv_state
+
+    @cute.jit
+    def load_q(self, tma_atom_q, tQgQ, tQsQ, pipeline_q: pipeline.PipelineAsync, q_state):
+        """TMA the work tile's Q into its buffer once the consumers have released it."""
+        pipeline_q.producer_acquire(q_state)
+        cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
 
     def tma_partition(
         self, tma_atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile_rank: int = 2
@@ -772,13 +788,17 @@ class FlashForwardSm90(AttentionKernel):
                         loop, kv_state, n_block_min + num_left_masked - 1 - i, m_block=m_block,
                         mask_causal=True, softmax=softmax,
                     )
-            if cutlass.const_expr(self.persistent):
+            if cutlass.const_expr(self.separate_o):
                 # Q is read by no GEMM after the last S: let the next tile's Q load.
                 pipeline_q.consumer_release(q_state)
             kv_state = self.last_pv(loop, kv_state, n_block_min)
             if cutlass.const_expr(not self.persistent):
                 pipeline_q.consumer_release(q_state)
-            q_state.advance()
+            if cutlass.const_expr(not self.q_holds_o):
+                q_state.advance()
+        if cutlass.const_expr(self.q_holds_o):
+            if n_block_max <= n_block_min:
+                wait_stage(pipeline_q, q_state)  # O must not land before this tile's Q
 
         # ---- Epilogue ------------------------------------------------------------------
         lse = cute.make_rmem_tensor(num_rows, Float32)
@@ -819,6 +839,17 @@ class FlashForwardSm90(AttentionKernel):
         else:
             gO = self.query_tile(mO, work, columns=self.head_dim_v)
             self.store_o(gO, acc_O, sO, tma_atom_o, loop.tiled_mma_pv, tidx)
+        if cutlass.const_expr(self.q_holds_o):
+            # O's store has read Q's buffer (row stores: each thread's own reads are done):
+            # the next tile's Q may load there.
+            if cutlass.const_expr(not self.varlen):
+                if tidx < 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # The row stores' generic-proxy reads before the next Q's TMA (async proxy) write.
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_warp()
+            pipeline_q.consumer_release(q_state)
+            q_state.advance()
         return q_state, kv_state
 
     @cute.jit

@@ -58,3 +58,12 @@ def can_implement(
         and smem_bytes(head_dim, tile_m, tile_n, num_stages, separate_o, head_dim_v)
         <= smem_capacity
     )
+
+
+def separate_o_fits(
+    head_dim: int, tile_m: int, tile_n: int, num_stages: int, smem_capacity: int,
+    head_dim_v: int | None = None,
+) -> bool:
+    """Whether a persistent kernel's O gets a buffer of its own (the next tile's Q then loads
+    during this tile's epilogue); else O takes Q's buffer."""
+    return smem_bytes(head_dim, tile_m, tile_n, num_stages, True, head_dim_v) <= smem_capacity
