@@ -62,11 +62,16 @@ BACKWARD_WARP_LAYOUTS = {
 def backward_warp_layouts(num_warps: int, head_dim: int):
     """(S / dP, dK / dV, dQ) warp grids. With 8 warps, dQ (tile_m x head_dim) puts 4 warps
     along head_dim where each then gets whole 16-column pairs of 8-column MMA atoms (head
-    dims 64, 128, 192): FlashAttention-2's grid, fewer ldmatrix of K^T per step than 4 warps
-    along the 64 queries. Not at 256, where its larger K^T fragments spill (sm_80 SASS)."""
+    dims 64, 128, 192, 256): FlashAttention-2's grid, fewer ldmatrix of K^T per step than 4
+    warps along the 64 queries. From head dim 192 (64 x 64 tiles) dK / dV take 4 warps along
+    the head dim too (32 x 64 per warp instead of 16 x 128: 168 ldmatrix per warp and step
+    instead of 204 at d256), and S / dP 4 warps along the queries: FlashAttention-2's d256
+    grids; with S / dP's (2, 4) kept, d256 spills 44 bytes (sm_80 SASS)."""
     sdp, dkv, dq = BACKWARD_WARP_LAYOUTS[num_warps]
-    if num_warps == 8 and head_dim % 64 == 0 and head_dim <= 192:
+    if num_warps == 8 and head_dim % 64 == 0:
         dq = (2, 4)
+        if head_dim >= 192:
+            sdp, dkv = (4, 2), (2, 4)
     return sdp, dkv, dq
 
 
