@@ -90,18 +90,15 @@ VARLEN_LENGTHS = [
 ]
 
 
-@pytest.mark.parametrize("heads_fastest", (False, True))
 @pytest.mark.parametrize("longest_first", (False, True))
 @pytest.mark.parametrize("tile", (64, 128))
 @pytest.mark.parametrize("heads", (1, 3))
 @pytest.mark.parametrize("lengths", VARLEN_LENGTHS, ids=lambda lengths: f"{len(lengths)}seqs")
-def test_varlen_scheduler_decodes_the_tile_order(
-    lengths, heads, tile, longest_first, heads_fastest
-):
-    """CTA i decodes the i-th work tile of ``varlen_tile_order`` (either order); the CTAs past
-    the last one get the tile just past the last sequence's end, head 0, flagged invalid. The
-    packed tensor may hold rows past the last sequence; the grid is the smaller of the two
-    bounds (``make_varlen_tile_counts``), the longest sequence's passed as given or larger."""
+def test_varlen_scheduler_decodes_the_tile_order(lengths, heads, tile, longest_first):
+    """CTA i decodes the i-th work tile of ``varlen_tile_order``; the CTAs past the last one
+    get the tile just past the last sequence's end, head 0, flagged invalid. The packed tensor
+    may hold rows past the last sequence; the grid is the smaller of the two bounds
+    (``make_varlen_tile_counts``), the longest sequence's passed as given or larger."""
     import itertools
 
     from scheduler_probe import compile_varlen_decoder
@@ -109,14 +106,12 @@ def test_varlen_scheduler_decodes_the_tile_order(
     from cuteattn.kernels.common.tile_scheduler import varlen_tile_order
     from cuteattn.runtime.arch import device_arch
 
-    key = ("varlen", tile, longest_first, heads_fastest)
+    key = ("varlen", tile, longest_first)
     if key not in _cache:
         arch = device_arch(torch.device("cuda")).name
-        _cache[key] = compile_varlen_decoder(
-            tile=tile, longest_first=longest_first, heads_fastest=heads_fastest, arch=arch
-        )
+        _cache[key] = compile_varlen_decoder(tile=tile, longest_first=longest_first, arch=arch)
     total_rows = sum(lengths) + 3
-    order = varlen_tile_order(lengths, tile, heads, longest_first, heads_fastest=heads_fastest)
+    order = varlen_tile_order(lengths, tile, heads, longest_first)
     for max_length in (max(lengths), max(lengths) + 2 * tile):
         loose = (total_rows + len(lengths) * (tile - 1)) // tile
         bound = min(loose, len(lengths) * -(-max_length // tile))

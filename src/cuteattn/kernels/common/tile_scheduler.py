@@ -45,12 +45,7 @@ sequence); each CTA finds its sequence by a warp-wide scan of the tile counts
 (``decode_varlen_tile``, 32 sequences a pass), and the CTAs past the last tile get an invalid
 work tile. Single tile, or persistent like ``LinearTileScheduler`` (grid (min(max_ctas,
 bound), 1, 1), every grid_dim-th work tile, decoded afresh, each warp scanning from the first
-sequence again: the sm90 forward). ``heads_fastest`` numbers each sequence's tiles tile by
-tile, its heads fastest instead: persistent kernels always (a stride over tiles fastest can
-alias a sequence's tile count and give one CTA every head's longest tile), and where tiles
-differ in work (causal, windows: a launch in the other order ends on the last sequence's
-longest tiles, one head after another; simulated on the benchmark's 17 sequences, 4% of the
-d128 causal time past an even split, against 0.3%).
+sequence again: the sm90 forward).
 
 ``longest_first`` is for causal attention: the query tiles with the most key tiles start first
 (SingleTileScheduler: m_block counts down the grid; LinearTileScheduler: within each section;
@@ -112,17 +107,12 @@ class LinearTileCounts(NamedTuple):
 @cute.jit
 def make_linear_tile_counts(
     *, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int], num_heads: Int32,
-    num_batches: Int32, kv_bytes_per_key: cutlass.Constexpr[int], group=None,
+    num_batches: Int32, kv_bytes_per_key: cutlass.Constexpr[int],
 ) -> LinearTileCounts:
-    """Host side. kv_bytes_per_key: bytes of K and V per key of one head (2 * dim * elem);
-    ``group`` (an Int32, optional): heads whose rows each pair streams, a multiplier. (The
-    backward's tiles are key tiles streaming the query rows of a KV head's group: its
-    seqlen_q and seqlen_k trade places, and the bytes are Q's and dO's.)"""
-    per_key = Int64(kv_bytes_per_key) if group is None else Int64(group) * kv_bytes_per_key
-    head_bytes = cutlass.max(Int64(seqlen_k) * per_key, Int64(1))
+    """Host side. kv_bytes_per_key: bytes of K and V per key of one head (2 * dim * elem)."""
+    head_bytes = cutlass.max(Int64(seqlen_k) * kv_bytes_per_key, Int64(1))
     fit = Int64(L2_BUDGET_BYTES) // head_bytes
-    # Largest power of two <= fit, at least 1, at most the pairs there are (so that a
-    # section's tiles, heads_per_section * num_m_blocks, stay within the tile count).
+    # Largest power of two <= fit, at least 1.
     heads = Int32(1)
     for bit in cutlass.range_constexpr(1, MAX_SECTION_LOG2 + 1):
         if fit >= (1 << bit):
@@ -131,7 +121,7 @@ def make_linear_tile_counts(
         num_m_blocks=cute.ceil_div(seqlen_q, tile_m),
         num_heads=num_heads,
         num_batches=num_batches,
-        heads_per_section=cutlass.min(heads, num_heads * num_batches),
+        heads_per_section=heads,
     )
 
 
@@ -475,8 +465,8 @@ def varlen_tile_order(
 ) -> list:
     """The (block, head, batch) work tiles of ``VarlenTileScheduler`` in work-index order, in
     plain Python: sequence by sequence, each sequence's heads in turn, its tiles fastest (from
-    the last one down if ``longest_first``); ``heads_fastest``: each tile of the sequence in
-    turn, its heads fastest."""
+    the last one down if ``longest_first``); ``heads_fastest`` (persistent): each tile of the
+    sequence in turn, its heads fastest."""
     order = []
     for batch, length in enumerate(lengths):
         tiles = -(-length // tile)
@@ -568,16 +558,14 @@ class VarlenTileScheduler(_StridedWalk):
 
     def __init__(
         self, counts: VarlenTileCounts, cu_seqlens: cute.Tensor, *, tile: int,
-        longest_first: bool, persistent: bool = False, heads_fastest: bool | None = None,
-        tile_idx: Int32 | None = None, done: bool = False,
+        longest_first: bool, persistent: bool = False, tile_idx: Int32 | None = None,
+        done: bool = False,
     ):
         self.counts = counts
         self.cu_seqlens = cu_seqlens
         self.tile = tile
         self.longest_first = longest_first
         self.persistent = persistent
-        # Persistent: always (a stride over tiles fastest can alias a sequence's tile count).
-        self.heads_fastest = persistent if heads_fastest is None else heads_fastest
         self._tile_idx = tile_idx  # persistent only: the CTA's current work index
         self._done = done  # single tile: plain Python, so a kernel loop over it folds
 
@@ -591,23 +579,23 @@ class VarlenTileScheduler(_StridedWalk):
     @classmethod
     def create(
         cls, counts: VarlenTileCounts, cu_seqlens: cute.Tensor, *, tile: int,
-        longest_first: bool, persistent: bool = False, heads_fastest: bool | None = None,
+        longest_first: bool, persistent: bool = False,
     ) -> "VarlenTileScheduler":
-        """``heads_fastest``: each sequence's work tiles tile by tile, its heads fastest
-        (``varlen_tile_order``); default: when persistent."""
         tile_idx = Int32(cute.arch.block_idx()[0]) if persistent else None
         return cls(
             counts, cu_seqlens, tile=tile, longest_first=longest_first, persistent=persistent,
-            heads_fastest=heads_fastest, tile_idx=tile_idx,
+            tile_idx=tile_idx,
         )
 
     def get_current_work(self) -> WorkTile:
         tile_idx = self._tile_idx
         if cutlass.const_expr(not self.persistent):
             tile_idx = Int32(cute.arch.block_idx()[0])
+        # Persistent CTAs take every grid_dim-th tile: with a sequence's tiles fastest, a grid
+        # that is a multiple of their count would give one CTA every head's longest tile.
         work = decode_varlen_tile(
             tile_idx, self.counts, self.cu_seqlens, self.tile, self.longest_first,
-            heads_fastest=self.heads_fastest,
+            heads_fastest=self.persistent,
         )
         if cutlass.const_expr(self._done):
             work = work._replace(is_valid=Boolean(False))
@@ -626,7 +614,6 @@ class VarlenTileScheduler(_StridedWalk):
         state = cutlass.new_from_mlir_values(self._state(), values)
         return VarlenTileScheduler(
             state[0], state[1], tile=self.tile, longest_first=self.longest_first,
-            persistent=self.persistent, heads_fastest=self.heads_fastest,
-            tile_idx=state[2] if self.persistent else None,
+            persistent=self.persistent, tile_idx=state[2] if self.persistent else None,
             done=self._done,
         )

@@ -17,10 +17,9 @@ stores turn + 1.
 
 Waiting never deadlocks as long as the key tile that goes first at a query tile was dispatched
 first: ``key_tile_of_block`` maps the grid's fastest dimension to key tiles in turn order (the
-CTAs of one head and batch are dispatched in that order); where key tiles differ in work (causal,
-a window) the sm90 backward numbers them by ``decode_linear_tile`` instead, each pair's in turn
-order, and a packed (varlen) batch's ``VarlenTileScheduler`` each (sequence, KV head)'s, in the
-same order (other pairs' tiles between them change nothing).
+CTAs of one head and batch are dispatched in that order); a packed (varlen) batch's
+``VarlenTileScheduler`` numbers each (sequence, KV head)'s key tiles consecutively, in the same
+order.
 """
 
 import cutlass

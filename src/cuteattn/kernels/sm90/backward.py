@@ -69,12 +69,8 @@ from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
 from cuteattn.kernels.common.tile_scheduler import (
-    LinearTileCounts,
-    LinearTileScheduler,
     VarlenTileCounts,
     VarlenTileScheduler,
-    decode_linear_tile,
-    make_linear_tile_counts,
     make_varlen_tile_counts,
 )
 from cuteattn.kernels.sm90.family import backward_dq_chunks, backward_dq_splits_rows
@@ -238,21 +234,6 @@ class FlashBackwardSm90(AttentionKernel):
                 num_heads=num_heads_kv, num_batches=mCuSeqlensQ.shape[0] - 1,
             )
             grid = VarlenTileScheduler.grid_shape(tile_counts)
-        elif cutlass.const_expr(self.uneven_key_tiles()):
-            # A section of (batch, KV head) pairs whose Q and dO fit in L2 at each key tile in
-            # turn (``decode_linear_tile``), so that the launch ends on every pair's shortest
-            # tiles rather than on the last pairs' longest.
-            tile_counts = make_linear_tile_counts(
-                seqlen_q=mK.shape[1], seqlen_k=mQ.shape[1], tile_m=self.tile_n,
-                num_heads=num_heads_kv, num_batches=num_batches,
-                # Per query row: Q, dO, the fp32 dq accumulator row, lse and dpsum.
-                kv_bytes_per_key=(
-                    (self.head_dim + self.head_dim_v) * self.dtype.width // 8
-                    + 4 * self.head_dim + 8
-                ),
-                group=mQ.shape[2] // mK.shape[2],
-            )
-            grid = LinearTileScheduler.grid_shape(tile_counts)
         # TMA boxes tile the first two modes: (seqlen, dim, heads, batch).
         tQ, tK, tV, tdO, tdK, tdV = (
             permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)
@@ -379,8 +360,7 @@ class FlashBackwardSm90(AttentionKernel):
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,
-        # varlen: the key tiles of the sequences; causal or a window: of the linear order
-        tile_counts: VarlenTileCounts | LinearTileCounts | None,
+        tile_counts: VarlenTileCounts | None,  # varlen: the key tiles of the sequences
         tQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch)
         tK: cute.Tensor,
         tV: cute.Tensor,
@@ -420,14 +400,9 @@ class FlashBackwardSm90(AttentionKernel):
             # Every warp decodes its CTA's key tile (the scan takes whole warps); in turn order
             # within each (sequence, KV head), as ``key_tile_of_block`` below.
             work = VarlenTileScheduler.create(
-                tile_counts, mCuSeqlensK, tile=self.tile_n, longest_first=descending,
-                heads_fastest=self.uneven_key_tiles(),
+                tile_counts, mCuSeqlensK, tile=self.tile_n, longest_first=descending
             ).initial_work_tile()
             n_block, head_kv, batch = work.m_block, work.head, work.batch
-        elif cutlass.const_expr(self.uneven_key_tiles()):
-            n_block, head_kv, batch = decode_linear_tile(
-                Int32(cute.arch.block_idx()[0]), tile_counts, longest_first=descending
-            )
         else:
             block, head_kv, batch = cute.arch.block_idx()
             n_block = turns.key_tile_of_block(
@@ -506,13 +481,6 @@ class FlashBackwardSm90(AttentionKernel):
 
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
         return tma_pipeline(barriers, num_stages, tile_bytes, self.num_consumer_threads)
-
-    def uneven_key_tiles(self) -> bool:
-        """Whether key tiles differ in work (causal, a local window: the query tiles each one
-        sees), so their order in the launch decides its tail: each pair's longest first,
-        the pairs of an L2 section taking turns (fixed length), a sequence's heads taking
-        turns (varlen)."""
-        return self.causal or self.window is not None
 
     @staticmethod
     def step_tile(step: Int32, *, head_kv, group, m_block_min, num_m_blocks):

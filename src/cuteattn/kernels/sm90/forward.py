@@ -466,7 +466,6 @@ class FlashForwardSm90(AttentionKernel):
             return VarlenTileScheduler.create(
                 counts, cu_seqlens_q, tile=self.tile_positions, longest_first=self.causal,
                 persistent=self.persistent,
-                heads_fastest=self.persistent or self.causal or self.window is not None,
             )
         return LinearTileScheduler.create(
             counts, longest_first=self.causal, persistent=self.persistent
