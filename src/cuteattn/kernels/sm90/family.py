@@ -30,8 +30,8 @@ ALWAYS = 2**62  # persistent at every length
 
 # Tiles per (head dim, causal), in order of preference: (tile_m, tile_n, num_stages, persistent
 # up to this seqlen_q). Measured on the H200 (docs/PERF.md, scripts/tune_sm90.py); tile_m is 64
-# rows per consumer warpgroup; 0: never persistent (d192 and d256 tiles leave no room for an O
-# buffer of its own: their persistent kernels, O in Q's buffer, are unmeasured).
+# rows per consumer warpgroup; 0: never persistent. d192 and d256 tiles leave no room for an O
+# buffer of its own: their persistent kernels put O in Q's buffer.
 SM90_TILES = {
     # Persistent at every length since the R2P masks (eighth session, docs/PERF.md): 192x128
     # 421 / 517 / 544 TFLOP/s at 1k / 4k / 16k against single-tile's 362 / 477 / 507.
@@ -44,21 +44,35 @@ SM90_TILES = {
     # Persistent 1.05-1.14x single-tile at every length measured (eighth session).
     (128, False): ((128, 128, 2, ALWAYS),),
     (128, True): ((128, 128, 2, ALWAYS),),
-    (192, False): ((128, 112, 2, 0), (128, 96, 2, 0)),
+    # Ninth session: persistent (O in Q's buffer) 741 against single-tile's 716 at 16k; short
+    # queries take 128x96 (SM90_SHORT_TILES: 583 against 128x112's 550 / 545 at 1k).
+    (192, False): ((128, 112, 2, ALWAYS), (128, 96, 2, ALWAYS)),
+    # Causal single-tile from 4k (590 / 690 at 4k / 16k, dynamic 589 / 674); short queries
+    # take 128x96 persistent with tiles handed out (438 against 409 single at 1k).
     (192, True): ((128, 112, 2, 0), (128, 96, 2, 0)),
-    # 128x80 is best dense at 16k (710 vs 698); causal short prefers 128x64 (471 vs 432).
-    (256, False): ((128, 80, 2, 0), (128, 64, 2, 0)),
-    (256, True): ((128, 64, 2, 0), (128, 80, 2, 0)),
+    # 128x80 persistent best dense at 16k (739; single 717, 128x64 719); short queries take
+    # 128x64 persistent (572 against 128x80's 556 / 554 at 1k).
+    (256, False): ((128, 80, 2, ALWAYS), (128, 64, 2, ALWAYS)),
+    # Causal: 128x64 persistent with tiles handed out up to 4k (455 / 613 against single's
+    # 440 / 608 at 1k / 4k); single-tile at 16k (695 against 691).
+    (256, True): ((128, 64, 2, 4096), (128, 80, 2, 0)),
 }
 # Packed (varlen) batches persistent where measured faster (eighth session, 17 sequences up to
 # 5590, cuteattn / FA4 on the same inputs, persistent against single-tile): d64 dense 0.96 vs
 # 0.94, causal 0.98 vs 0.84, d128 dense 0.98 vs 0.96. Not d128 causal (0.92 vs 1.07): a static
 # stride over tiles of mixed lengths is less balanced than the hardware's dispatch of the
 # longest-first single-tile grid.
+# Head dims whose persistent forwards keep the static stride past this many queries.
+DYNAMIC_SEQLEN_Q_UP_TO = {128: 8192}
 SM90_VARLEN_PERSISTENT = {(64, False), (64, True), (128, False)}
 # Tiles that go first when seqlen_q <= SHORT_SEQLEN_Q: fewer rows per tile, more tiles to
 # spread over the SMs.
-SM90_SHORT_TILES = {(64, True): ((128, 128, 2, ALWAYS),)}
+SM90_SHORT_TILES = {
+    (64, True): ((128, 128, 2, ALWAYS),),
+    (192, False): ((128, 96, 2, ALWAYS),),
+    (192, True): ((128, 96, 2, ALWAYS),),
+    (256, False): ((128, 64, 2, ALWAYS),),
+}
 # (head dim, dim_v) pairs: V's smaller tiles leave room for wider key tiles (unmeasured: the
 # d192 tiles follow as the fallback).
 SM90_DIM_V_TILES = {(192, 128): ((128, 128, 2, 0),)}
@@ -105,11 +119,13 @@ def hands_out_tiles(problem: Problem, tile_m: int) -> bool:
     instead of a static stride: fixed-length batches whose tiles differ in work (causal, a
     window) and whose heads have more than two query tiles (simulated on 132 SMs, a static
     stride leaves 2.5-6% of a causal launch idle at its end, a dynamic one 0.1-0.5%); shorter
-    queries (decoding) skip the per-call zeroing of the counter."""
+    queries (decoding) skip the per-call zeroing of the counter. Not d128 past 8k queries,
+    where the static stride measured faster (649 against 629 TFLOP/s causal at 16k; 619
+    against 629 at 8k, ninth session)."""
     return (
         not problem.varlen
         and (problem.causal or problem.window is not None)
-        and problem.seqlen_q > 2 * tile_m
+        and 2 * tile_m < problem.seqlen_q <= DYNAMIC_SEQLEN_Q_UP_TO.get(problem.head_dim, ALWAYS)
     )
 
 
