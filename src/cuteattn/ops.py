@@ -369,13 +369,15 @@ def dq_from_accum(
     heads, dim) and the cumulative lengths (each sequence's rows from its tile-aligned block;
     zeros past the last sequence); ``zero_kv_tails`` (dk, dv, cu_seqlens_k): zeros in their
     rows past the last sequence too."""
-    chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
+    family = get_family(plan.family)
+    chunks, row_pad = family.dq_accum_chunks(plan)
     varlen = cu_seqlens_q is not None
     dk, dv, cu_seqlens_k = zero_kv_tails or (None, None, None)
     postprocess = compile_dq_postprocess(
         plan.arch, plan.dtype, q.shape[-1], plan.head_dim, chunks, row_pad,
         varlen_rows_tile=plan.tile_m if varlen else 0,
         zero_kv_dims=None if dk is None else (dk.shape[-1], dv.shape[-1]),
+        fragment_order=family.dq_accum_fragment_order(plan),
     )
     target = dq
     if target is None or not validate.kernel_addressable(target):

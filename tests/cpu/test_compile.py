@@ -148,6 +148,21 @@ def test_backward_preprocess_and_postprocess_compile(arch):
     layouts = ((64, 64, 1, 0), (128, 128, 2, 8), (200, 256, 4, 8))
     for head_dim, kernel_dim, chunks, row_pad in layouts:
         assert compile_dq_postprocess(name, "bf16", head_dim, kernel_dim, chunks, row_pad)
+    # The sm80 backward's dq_accum in fragment order: its first plan per head dim (40: padded
+    # to 64), fixed-length.
+    sm80 = get_family("sm80")
+    for head_dim in (40, 64, 128, 192, 256):
+        plan = plan_backward(
+            Problem(
+                batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=4, head_dim=head_dim,
+                head_dim_v=head_dim, dtype="bf16", causal=False, arch=arch_from_name(arch),
+            ),
+            family="sm80",
+        )
+        assert compile_dq_postprocess(
+            name, "bf16", head_dim, plan.head_dim, 1, 0,
+            fragment_order=sm80.dq_accum_fragment_order(plan),
+        ), plan
 
 
 @pytest.mark.compile
@@ -312,12 +327,14 @@ def test_varlen_compiles(case):
     assert compile_backward_preprocess(
         backward.arch, dtype, head_dim, varlen_rows_tile=backward.tile_m
     ) is not None
-    chunks, row_pad = get_family(backward.family).dq_accum_chunks(backward)
-    for zero_kv_dims in (None, (head_dim, head_dim)):
-        assert compile_dq_postprocess(
-            backward.arch, dtype, head_dim, backward.head_dim, chunks, row_pad, backward.tile_m,
-            zero_kv_dims=zero_kv_dims,
-        ) is not None
+    for plan in (backward, sm80) if backward.family != "sm80" else (backward,):
+        family = get_family(plan.family)
+        chunks, row_pad = family.dq_accum_chunks(plan)
+        for zero_kv_dims in (None, (head_dim, head_dim)):
+            assert compile_dq_postprocess(
+                plan.arch, dtype, head_dim, plan.head_dim, chunks, row_pad, plan.tile_m,
+                zero_kv_dims=zero_kv_dims, fragment_order=family.dq_accum_fragment_order(plan),
+            ) is not None
 
 
 # Head dims between the kernels' (the sm90 forward pads them to the next one; the inputs keep

@@ -59,6 +59,12 @@ def test_dq_from_accum_into_a_caller_buffer(strided):
         head_dim=dim, head_dim_v=dim, dtype="bf16", causal=False, arch=device_arch(q.device),
     )
     plan = plan_backward(problem)
+    if get_family(plan.family).dq_accum_fragment_order(plan) is not None:
+        # Rows in fragment order (the sm80 family's, the planner's below Hopper): the
+        # accumulator below is row-major; test_fragment_order_postprocess_* cover that order.
+        plan = plan_backward(problem, family="sm90") if problem.arch.wgmma else None
+        if plan is None:
+            pytest.skip("a row-major accumulator needs a family that adds dq in rows")
     chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
     rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
     accum = torch.randn(batch, heads, chunks, rows, dim // chunks + row_pad, device="cuda")
@@ -171,3 +177,62 @@ def test_varlen_gradients_from_recycled_memory(family):
         [grads[0][:278], grads[1][:309], grads[2][:309]], q[:278], k[:309], v[:309],
         dout[:278], **kwargs,
     )
+
+
+# The sm80 backward's fragment order: (head_dim, kernel_dim, tile_m, threads, warps_dq).
+FRAGMENT_LAYOUTS = (
+    (64, 64, 128, 256, (2, 4)), (128, 128, 64, 256, (2, 4)), (256, 256, 64, 256, (2, 4)),
+    (40, 64, 128, 256, (2, 4)), (96, 96, 64, 128, (2, 2)),
+)
+
+
+@pytest.mark.parametrize("dim,kernel_dim,tile,threads,warps", FRAGMENT_LAYOUTS, ids=str)
+@pytest.mark.parametrize("packed", (False, True))
+def test_fragment_order_postprocess_permutes_each_query_tile(
+    dim, kernel_dim, tile, threads, warps, packed
+):
+    """dq_accum in fragment order (``kernels/sm80/dq_postprocess.py``): each whole query tile of
+    dq holds exactly its accumulator block's values, scaled (a permutation: every value once,
+    none from another tile; a padded head dim: a subset). The backward tests check the order
+    against the MMA's (dq against the reference)."""
+    heads = 2
+    lengths = [2 * tile, 0, tile, 3 * tile] if packed else [3 * tile] * 2
+    arch = device_arch(torch.device("cuda")).name
+    if packed:
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")
+        rows = ops.padded_rows(sum(lengths), len(lengths), tile)
+        accum = torch.randn(1, heads, 1, rows, kernel_dim, device="cuda")
+    else:
+        cu = None
+        rows = lengths[0]
+        accum = torch.randn(len(lengths), heads, 1, rows, kernel_dim, device="cuda")
+    blocks = accum.view(accum.shape[0], heads, -1, tile * kernel_dim)
+    dq_shape = (sum(lengths), heads, dim) if packed else (len(lengths), rows, heads, dim)
+    dq = torch.full(dq_shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    postprocess = compile_dq_postprocess(
+        arch, "bf16", dim, kernel_dim, 1, 0, tile if packed else 0,
+        fragment_order=(tile, threads, warps),
+    )
+    target = dq.unsqueeze(0) if packed else dq
+    postprocess(accum, target, cu, max(lengths), 1.0, None, None, None)
+    torch.cuda.synchronize()
+    assert not dq.isnan().any()
+    starts = cu.tolist() if packed else None
+    for b, length in enumerate(lengths):
+        for m in range(length // tile):
+            if packed:
+                first = (starts[b] + b * tile) // tile * tile
+                block = blocks[0, :, first // tile + m]
+                got = dq[starts[b] + m * tile:starts[b] + (m + 1) * tile]
+            else:
+                block = blocks[b, :, m]
+                got = dq[b, m * tile:(m + 1) * tile]
+            for h in range(heads):
+                values = got[:, h].float().flatten().sort().values
+                if dim == kernel_dim:
+                    want = block[h].bfloat16().float().sort().values
+                    assert torch.equal(values, want)
+                else:
+                    # A padded head dim: dq's columns take a subset of the block's values.
+                    assert torch.isin(values, block[h].bfloat16().float()).all()

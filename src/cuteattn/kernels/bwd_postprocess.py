@@ -33,6 +33,9 @@ class DqPostprocess:
     ``rows_tile``: varlen: the main kernel's tile_m (the per-row buffers' sequence alignment),
     0: a fixed-length batch."""
 
+    threads = THREADS
+    rows_per_cta = ROWS_PER_CTA
+
     def __init__(
         self, *, dtype: type[cutlass.Numeric], head_dim: int, kernel_dim: int, chunks: int,
         rows_tile: int,
@@ -49,12 +52,13 @@ class DqPostprocess:
             )
         self.dtype = dtype
         self.head_dim = head_dim
+        self.kernel_dim = kernel_dim
         self.chunk_dim = chunk_dim
         self.rows_tile = rows_tile
         # Threads per row: one per 8 of dq's columns, rounded up to a power of two that divides
-        # the CTA (the threads past dq's columns idle), at least two: a pass then covers at
-        # most the CTA's 64 rows (head_dim 8 would otherwise get no pass at all).
-        threads_per_row = THREADS // ROWS_PER_CTA
+        # the CTA (the threads past dq's columns idle), at least threads / rows: a pass then
+        # covers at most the CTA's rows (head_dim 8 would otherwise get no pass at all).
+        threads_per_row = max(self.threads // self.rows_per_cta, 1)
         while threads_per_row * COLUMNS_PER_THREAD < head_dim:
             threads_per_row *= 2
         self.threads_per_row = threads_per_row
@@ -75,12 +79,17 @@ class DqPostprocess:
         if cutlass.const_expr(self.rows_tile > 0):
             # z = num_seqs: the rows past the last sequence.
             num_seqs = mCuSeqlensQ.shape[0] - 1
-            grid = (cute.ceil_div(max_seqlen_q, ROWS_PER_CTA), mdQ.shape[2], num_seqs + 1)
+            grid = (
+                cute.ceil_div(max_seqlen_q, self.rows_per_cta), mdQ.shape[2], num_seqs + 1
+            )
         else:
-            grid = (cute.ceil_div(mdQ.shape[1], ROWS_PER_CTA), mdQ.shape[2], mdQ.shape[0])
+            grid = (cute.ceil_div(mdQ.shape[1], self.rows_per_cta), mdQ.shape[2], mdQ.shape[0])
         self.kernel(mdQaccum, mdQ, mCuSeqlensQ, softmax_scale, mdK, mdV, mCuSeqlensK).launch(
-            grid=grid, block=[THREADS, 1, 1], stream=stream
+            grid=grid, block=[self.threads, 1, 1], smem=self.smem_bytes(), stream=stream
         )
+
+    def smem_bytes(self) -> int:
+        return 0
 
     @cute.kernel
     def kernel(
@@ -120,7 +129,7 @@ class DqPostprocess:
         row are lane * 8 ..."""
         return (
             tidx % self.threads_per_row, tidx // self.threads_per_row,
-            THREADS // self.threads_per_row,
+            self.threads // self.threads_per_row,
         )
 
     @cute.jit
@@ -128,7 +137,8 @@ class DqPostprocess:
         self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, seqlen: SeqlenInfo, row_block: Int32,
         head: Int32, batch: Int32, softmax_scale: Float32, tidx: Int32,
     ):
-        """dq's rows row_block * 64 ... of (batch, head) from the accumulator, scaled and cast."""
+        """dq's rows row_block * rows_per_cta ... of (batch, head) from the accumulator, scaled
+        and cast."""
         lane_in_row, row_in_pass, rows_per_pass = self.thread_columns(tidx)
         column = lane_in_row * COLUMNS_PER_THREAD
         chunk = column // self.chunk_dim
@@ -139,8 +149,8 @@ class DqPostprocess:
             rows_tile=self.rows_tile,
         )
         dq_rows = seqlen.rows(mdQ, batch, head, keys=False, packed=packed)
-        for p in cutlass.range_constexpr(ROWS_PER_CTA // rows_per_pass):
-            row = row_block * ROWS_PER_CTA + p * rows_per_pass + row_in_pass
+        for p in cutlass.range_constexpr(self.rows_per_cta // rows_per_pass):
+            row = row_block * self.rows_per_cta + p * rows_per_pass + row_in_pass
             if row < seqlen.seqlen_q and column < self.head_dim:
                 src = cute.local_tile(accum[row, None], (COLUMNS_PER_THREAD,), (chunk_slice,))
                 dst = cute.local_tile(dq_rows[row, None], (COLUMNS_PER_THREAD,), (lane_in_row,))

@@ -244,6 +244,12 @@ class KernelFamily(abc.ABC):
         rows padded by row_pad floats (the default, (1, 0), is plain (rows, head_dim))."""
         return 1, 0
 
+    def dq_accum_fragment_order(self, plan: KernelPlan) -> tuple | None:
+        """(tile_m, threads, warps_dq) when a backward plan's kernel adds each query tile of
+        dq_accum in its dQ MMA's fragment order (the postprocess reads it back in that order:
+        ``kernels/sm80/dq_postprocess.py``); None: plain rows (``dq_accum_chunks``)."""
+        return None
+
     def choose(self, problem: Problem) -> KernelPlan | None:
         """The first candidate that ``can_implement`` on the problem's arch, or None."""
         for plan in self.candidates(problem):

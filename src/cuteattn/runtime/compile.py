@@ -83,11 +83,14 @@ def compile_backward_preprocess(arch: str, dtype: str, head_dim: int, varlen_row
 def compile_dq_postprocess(
     arch: str, dtype: str, head_dim: int, kernel_dim: int, chunks: int, row_pad: int,
     varlen_rows_tile: int = 0, zero_kv_dims: tuple[int, int] | None = None,
+    fragment_order: tuple | None = None,
 ):
     """Compile (or fetch) the backward's dq postprocess (``kernels/bwd_postprocess.py``): dq's
     head_dim and dtype, the plan's kernel head dim, dq_accum's (chunks, row_pad), and a packed
     batch's tile_m (0: a fixed-length batch) and, packed, dk's and dv's (head_dim, dim_v) when
-    it zeroes their rows past the last sequence too. Call it as ``fn(dq_accum, dq,
+    it zeroes their rows past the last sequence too; ``fragment_order`` (tile_m, threads,
+    warps_dq): dq_accum's query tiles in the sm80 backward's fragment order
+    (``KernelFamily.dq_accum_fragment_order``), else plain rows. Call it as ``fn(dq_accum, dq,
     cu_seqlens_q, max_seqlen_q, softmax_scale, dk, dv, cu_seqlens_k)`` (fixed-length: None, 0;
     dk, dv, cu_seqlens_k None unless zero_kv_dims; packed tensors as (1, total, heads, dim))."""
 
@@ -95,10 +98,19 @@ def compile_dq_postprocess(
         from cuteattn.kernels.bwd_postprocess import DqPostprocess, postprocess_fake_args
         from cuteattn.kernels.common.compile_args import dsl_dtype
 
-        kernel = DqPostprocess(
-            dtype=dsl_dtype(dtype), head_dim=head_dim, kernel_dim=kernel_dim, chunks=chunks,
-            rows_tile=varlen_rows_tile,
-        )
+        if fragment_order is None:
+            kernel = DqPostprocess(
+                dtype=dsl_dtype(dtype), head_dim=head_dim, kernel_dim=kernel_dim, chunks=chunks,
+                rows_tile=varlen_rows_tile,
+            )
+        else:
+            from cuteattn.kernels.sm80.dq_postprocess import FragmentDqPostprocess
+
+            tile_m, threads, warps_dq = fragment_order
+            kernel = FragmentDqPostprocess(
+                dtype=dsl_dtype(dtype), head_dim=head_dim, kernel_dim=kernel_dim,
+                rows_tile=varlen_rows_tile, tile_m=tile_m, threads=threads, warps_dq=warps_dq,
+            )
         fake_args = postprocess_fake_args(
             dsl_dtype(dtype), head_dim, kernel_dim, chunks, row_pad,
             varlen=varlen_rows_tile > 0, zero_kv_dims=zero_kv_dims,
@@ -107,7 +119,7 @@ def compile_dq_postprocess(
 
     key = (
         "dq postprocess", arch, dtype, head_dim, kernel_dim, chunks, row_pad, varlen_rows_tile,
-        zero_kv_dims,
+        zero_kv_dims, fragment_order,
     )
     return _cached_compile(key, arch, build)
 

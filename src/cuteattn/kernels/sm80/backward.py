@@ -4,7 +4,8 @@ Inputs (flash-attn layouts): q, dout (batch, seqlen_q, heads_q, dim); k, v (batc
 heads_kv, dim); from the preprocess (``cuteattn.kernels.bwd_prep``), per query row padded to a
 multiple of tile_m: lse_log2 = lse * log2(e) (+inf where the forward saw no key, and on the
 padding rows) and dpsum = rowsum(dout * out), both (batch, heads_q, seqlen_q_padded) fp32;
-dq_accum (batch, heads_q, 1, seqlen_q_padded, dim) fp32, zeroed. Outputs: dk, dv in k's layout;
+dq_accum (batch, heads_q, 1, seqlen_q_padded, dim) fp32, zeroed, each query tile in fragment order
+(6. below). Outputs: dk, dv in k's layout;
 dS K added to dq_accum (the postprocess scales and casts it).
 
 One CTA owns one key tile (tile_n keys) of one KV head: it keeps dK and dV of the tile in
@@ -19,16 +20,16 @@ need no atomics and no expanded buffers for dK, dV). For each (query head, m_blo
      dS = P * (dP - dpsum) (soft-capped: times 1 - tanh^2);
   4. P and dS (16-bit) to shared memory;
   5. dV += P^T dO, the transposed operands read with ldmatrix.trans;
-  6. dQ = dS K, added to dq_accum with fp32 atomics (red.global.add). d64 / d128 (whose fp32
-     tile fits P's and dS's buffers): dK += dS^T Q first, then dQ goes through those buffers
-     (swizzled) and out row by row, a warp's 32 atomics on 128 contiguous bytes; other head
-     dims add from the registers before 7., so that the atomics drain under its MMAs.
-     Deterministic: the
+  6. dQ = dS K, added to dq_accum with fp32 atomics (red.global.add) straight from the
+     accumulator, before 7. so that they drain under its MMAs. dq_accum holds each query tile
+     in the fragment order of this kernel's dQ MMA (thread t's i-th value at i * threads + t:
+     a warp's 32 atomics cover 128 contiguous bytes, FlashAttention-2's order);
+     ``kernels/sm80/dq_postprocess.py`` reads it back. Deterministic: the
      key tiles of a KV head add to one query tile in a fixed order, each waiting on a
      per-(batch, head, m_block) counter (``semaphore``, zeroed) for its turn
      (``kernels/common/turns.py``: ascending key tiles, descending when causal, and the CTAs
      dispatched in turn order so that the waits end);
-  7. dK += dS^T Q (where not done before 6.).
+  7. dK += dS^T Q.
 Then dK *= softmax_scale, and dK, dV go through shared memory (K's and V's buffers) to 128-bit
 global stores; rows past seqlen_k are not written. Key tiles no query row can see (causal,
 seqlen_q < seqlen_k... the rows above the diagonal) are skipped; a key tile that no query
@@ -41,12 +42,10 @@ Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256 (inputs of fewer columns,
 ``tiling.backward_warp_layouts`` says (tile_m, tile_n and dim multiples of its extents).
 """
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import cpasync
 
 from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common import turns
@@ -61,19 +60,8 @@ from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
 from cuteattn.kernels.sm80 import tiling
-from cuteattn.kernels.sm80.fragments import ldmatrix_atoms
+from cuteattn.kernels.sm80.fragments import ldmatrix_atoms, warp_grid_mma
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
-
-
-def _tiled_mma(dtype, warps_mn: tuple[int, int]) -> cute.TiledMma:
-    """m16n8k16 atoms on a (warps along M, warps along N) grid; each warp takes 16 columns of N
-    per step, so ldmatrix x4 feeds B."""
-    warps_m, warps_n = warps_mn
-    return cute.make_tiled_mma(
-        warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
-        (warps_m, warps_n, 1),
-        permutation_mnk=(warps_m * 16, warps_n * 16, 16),
-    )
 
 
 def _smem_operand(copy_atom, tiled_copy_fn, tiled_mma, tidx, smem, regs) -> SmemOperand:
@@ -99,10 +87,6 @@ class FlashBackwardSm80(AttentionKernel):
         self.warps_sdp, self.warps_dkv, self.warps_dq = tiling.backward_warp_layouts(
             num_threads // 32, self.head_dim
         )
-        # dQ leaves through P's and dS's buffers (adjacent, 2 * tile_m * tile_n 16-bit values)
-        # where its fp32 (tile_m, dim) tile fits there and its rows are a power of two long
-        # (the swizzle below): coalesced atomics instead of 8 rows x 16 bytes per warp.
-        self.stage_dq = tiling.stages_dq(self.head_dim, self.tile_n)
 
     can_implement = staticmethod(tiling.can_implement_backward)
 
@@ -172,9 +156,9 @@ class FlashBackwardSm80(AttentionKernel):
             capping.exp2_scale(softmax_scale, self.softcap), softmax_scale,
             sQ_layout, sdO_layout, sKV_layout, sV_layout, sPdS_layout, gmem_copy_async,
             gmem_copy_store,
-            _tiled_mma(self.dtype, self.warps_sdp),
-            _tiled_mma(self.dtype, self.warps_dkv),
-            _tiled_mma(self.dtype, self.warps_dq),
+            warp_grid_mma(self.dtype, self.warps_sdp),
+            warp_grid_mma(self.dtype, self.warps_dkv),
+            warp_grid_mma(self.dtype, self.warps_dq),
             SharedStorage,
         ).launch(
             grid=grid,
@@ -240,16 +224,6 @@ class FlashBackwardSm80(AttentionKernel):
         sV = storage.sV.get_tensor(sV_layout)
         sP = storage.sP.get_tensor(sPdS_layout)
         sdS = storage.sdS.get_tensor(sPdS_layout)
-        sdQ = None
-        if cutlass.const_expr(self.stage_dq):
-            # 16-byte units XOR-swizzled by row % 8: the accumulator fragments' stores (8 rows
-            # of a column pair per warp) and the row-by-row reads both hit distinct banks.
-            row_shift = int(math.log2(self.head_dim)) - 2
-            dq_layout = cute.make_composed_layout(
-                cute.make_swizzle(3, 2, row_shift), 0,
-                cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim, 1)),
-            )
-            sdQ = cute.make_tensor(cute.recast_ptr(sP.iterator, dtype=Float32), dq_layout)
         sRows = storage.sRows.get_tensor(cute.make_layout((self.tile_m, 2, self.num_stages)))
         sKt, sPt, sdSt = (transposed(t) for t in (sK, sP, sdS))
         # Register fragments come from stage 0; the ldmatrix partitions span every stage and a
@@ -274,7 +248,6 @@ class FlashBackwardSm80(AttentionKernel):
         # dQ = dS K: (tile_m, dim), k over tile_n.
         tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
         tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
-        tdQsdQ = thr_dq.partition_C(sdQ) if cutlass.const_expr(self.stage_dq) else None
 
         ldmatrix, ldmatrix_t = ldmatrix_atoms(self.dtype)
         copy_a, copy_b = cute.make_tiled_copy_A, cute.make_tiled_copy_B
@@ -433,33 +406,16 @@ class FlashBackwardSm80(AttentionKernel):
 
             # 5. dV += P^T dO
             gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, dot_stage, a_from_smem=pt_operand)
-            if cutlass.const_expr(self.stage_dq):
-                # 6. dK += dS^T Q, then 7. dQ = dS K through P's and dS's buffers (free once
-                # every warp is past its GEMMs) and out with coalesced fp32 atomics.
-                gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
-                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
-                acc_dQ.fill(0.0)
-                gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
-                cute.arch.barrier()
-                cute.autovec_copy(acc_dQ, tdQsdQ)
-                cute.arch.barrier()
-                self.add_dq(
-                    sdQ, mdQaccum, mSemaphore, seqlen, batch, head, m_block,
-                    turns.turn_of(block_info, seqlen, m_block, n_block), tidx,
-                    coalesced=True,
-                )
-            else:
-                # 6. dQ = dS K, added from the registers before 7. dK += dS^T Q, so that the
-                # atomics drain while dK's MMAs run.
-                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
-                acc_dQ.fill(0.0)
-                gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
-                self.add_dq(
-                    acc_dQ, mdQaccum, mSemaphore, seqlen, batch, head, m_block,
-                    turns.turn_of(block_info, seqlen, m_block, n_block), tidx,
-                    coalesced=False, thr_dq=thr_dq,
-                )
-                gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
+            # 6. dQ = dS K, added from the registers before 7. dK += dS^T Q, so that the
+            # atomics drain while dK's MMAs run.
+            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(tile_q), Float32)
+            acc_dQ.fill(0.0)
+            gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, kt_operand, a_from_smem=ds_operand)
+            self.add_dq(
+                acc_dQ, mdQaccum, mSemaphore, seqlen, batch, head, m_block,
+                turns.turn_of(block_info, seqlen, m_block, n_block), tidx,
+            )
+            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
             if cutlass.const_expr(self.num_stages == 1):
                 # Every warp is done with this step's Q, dO, P and dS before the next load.
                 cute.arch.barrier()
@@ -528,39 +484,23 @@ class FlashBackwardSm80(AttentionKernel):
 
     @cute.jit
     def add_dq(
-        self, values, mdQaccum, mSemaphore, seqlen, batch, head, m_block, turn, tidx,
-        coalesced: cutlass.Constexpr[bool], thr_dq=None,
+        self, acc_dQ, mdQaccum, mSemaphore, seqlen, batch, head, m_block, turn, tidx,
     ):
-        """dQ of this step into dq_accum with fp32 atomics (red.global.add), at this key tile's
-        ``turn`` at the query tile when deterministic. ``coalesced``: ``values`` is the staged
-        (tile_m, dim) tile in shared memory, read row by row so that a warp's 32 atomics cover
-        128 contiguous bytes; else the thread's accumulator fragment (8 rows x 16 bytes per warp
-        instruction)."""
-        tile_q = (self.tile_m, self.head_dim)
+        """This step's dQ accumulator into dq_accum's query tile with fp32 atomics
+        (red.global.add), in fragment order (value i of thread t at i * threads + t), at this
+        key tile's ``turn`` at the query tile when deterministic."""
         gdQ = cute.local_tile(
             seqlen.buffer_rows(
                 mdQaccum[None, None, 0, None, None], batch, head, packed=self.varlen,
                 rows_tile=self.tile_m,
-            ), tile_q,
-            (m_block, 0),
+            ),
+            (self.tile_m, self.head_dim), (m_block, 0),
         )
         if cutlass.const_expr(self.deterministic):
             counter = mSemaphore[batch, head, None].iterator + m_block
             self.wait_for_turn(counter, turn, tidx)
-        if cutlass.const_expr(coalesced):
-            # A runtime loop: unrolled, ptxas hoists every iteration's 64-bit address (spills).
-            for i in cutlass.range(self.tile_m * self.head_dim // self.num_threads, unroll=4):
-                flat = i * self.num_threads + tidx
-                row, col = flat // self.head_dim, flat % self.head_dim
-                cute.arch.atomic_add(
-                    gdQ.iterator + cute.crd2idx((row, col), gdQ.layout), values[row, col]
-                )
-        else:
-            tdQgdQ = thr_dq.partition_C(gdQ)
-            for i in cutlass.range_constexpr(cute.size(values)):
-                cute.arch.atomic_add(
-                    tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), values[i]
-                )
+        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+            cute.arch.atomic_add(gdQ.iterator + (i * self.num_threads + tidx), acc_dQ[i])
         if cutlass.const_expr(self.deterministic):
             self.pass_turn(counter, turn, tidx)
 

@@ -119,6 +119,10 @@ class Sm80Family(KernelFamily):
             and fits
         )
 
+    def dq_accum_fragment_order(self, plan: KernelPlan) -> tuple | None:
+        warps_dq = tiling.backward_warp_layouts(plan.num_threads // 32, plan.head_dim)[2]
+        return plan.tile_m, plan.num_threads, warps_dq
+
     def kernel(self, plan: KernelPlan):
         sizes = dict(
             self.kernel_shape(plan), num_threads=plan.num_threads, input_dim=plan.option("dim")

@@ -21,6 +21,17 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, operand_a)
 
 
+def warp_grid_mma(dtype: type[cutlass.Numeric], warps_mn: tuple[int, int]) -> cute.TiledMma:
+    """m16n8k16 atoms (fp32 accumulators) on a (warps along M, warps along N) grid; each warp
+    takes 16 columns of N per step, so ldmatrix x4 feeds B."""
+    warps_m, warps_n = warps_mn
+    return cute.make_tiled_mma(
+        warp.MmaF16BF16Op(dtype, cutlass.Float32, (16, 8, 16)),
+        (warps_m, warps_n, 1),
+        permutation_mnk=(warps_m * 16, warps_n * 16, 16),
+    )
+
+
 def ldmatrix_atoms(dtype: type[cutlass.Numeric]) -> tuple[cute.CopyAtom, cute.CopyAtom]:
     """(ldmatrix x4, ldmatrix x4 transposed): MMA operands from shared memory, K-major and
     MN-major."""

@@ -87,12 +87,6 @@ def backward_smem_bytes(
     return (query + keys + 2 * tile_m * tile_n) * ELEM_BYTES + rows_fp32
 
 
-def stages_dq(head_dim: int, tile_n: int) -> bool:
-    """Whether the backward's dQ goes through P's and dS's buffers (coalesced atomics): its fp32
-    (tile_m, dim) tile fits there, and rows a power of two long take the swizzle."""
-    return head_dim in (64, 128) and head_dim <= tile_n
-
-
 def can_implement_backward(
     head_dim: int, tile_m: int, tile_n: int, num_threads: int, smem_capacity: int,
     num_stages: int = 1, head_dim_v: int | None = None,
@@ -119,11 +113,6 @@ def can_implement_backward(
         # lse and dpsum: 16 bytes per thread of the first tile_m / 2.
         and tile_m % 4 == 0
         and num_threads >= tile_m // 2
-        # Staged dQ: P's and dS's buffers adjacent (1024-byte aligned), whole rounds of threads.
-        and (
-            not stages_dq(head_dim, tile_n)
-            or (tile_m * tile_n * ELEM_BYTES % 1024 == 0 and tile_m * head_dim % num_threads == 0)
-        )
         and num_stages in (1, 2)
         and backward_smem_bytes(head_dim, tile_m, tile_n, num_stages, head_dim_v)
         <= smem_capacity
