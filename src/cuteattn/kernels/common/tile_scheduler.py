@@ -250,6 +250,16 @@ def decode_linear_tile(tile_idx, counts: LinearTileCounts, *, longest_first: boo
     return m_block, head, batch
 
 
+def linear_work_tile(tile_idx, counts: LinearTileCounts, longest_first: bool) -> WorkTile:
+    """The work tile of linear index ``tile_idx`` (``decode_linear_tile``), valid below the
+    launch's tile count."""
+    m_block, head, batch = decode_linear_tile(tile_idx, counts, longest_first=longest_first)
+    return WorkTile(
+        m_block=Int32(m_block), head=Int32(head), batch=Int32(batch),
+        is_valid=Boolean(tile_idx < counts.num_tiles()),
+    )
+
+
 class LinearTileScheduler(_StridedWalk):
     """Single tile or persistent over the linear index of ``decode_linear_tile``."""
 
@@ -277,13 +287,7 @@ class LinearTileScheduler(_StridedWalk):
         )
 
     def get_current_work(self) -> WorkTile:
-        m_block, head, batch = decode_linear_tile(
-            self._tile_idx, self.counts, longest_first=self.longest_first
-        )
-        return WorkTile(
-            m_block=Int32(m_block), head=Int32(head), batch=Int32(batch),
-            is_valid=Boolean(self._tile_idx < self.counts.num_tiles()),
-        )
+        return linear_work_tile(self._tile_idx, self.counts, self.longest_first)
 
     def _finish(self):
         self._tile_idx = self.counts.num_tiles()  # one tile per CTA
@@ -391,13 +395,7 @@ class DynamicTileScheduler:
         cute.arch.barrier_arrive(barrier_id=self.empty_id, number_of_threads=self.sync_threads)
 
     def get_current_work(self) -> WorkTile:
-        m_block, head, batch = decode_linear_tile(
-            self._tile_idx, self.counts, longest_first=self.longest_first
-        )
-        return WorkTile(
-            m_block=Int32(m_block), head=Int32(head), batch=Int32(batch),
-            is_valid=Boolean(self._tile_idx < self.counts.num_tiles()),
-        )
+        return linear_work_tile(self._tile_idx, self.counts, self.longest_first)
 
     def initial_work_tile(self) -> WorkTile:
         return self.get_current_work()
