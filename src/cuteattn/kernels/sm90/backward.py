@@ -55,7 +55,6 @@ import cutlass.utils.hopper_helpers as hopper
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.experimental import primitives as prims
-from cutlass.utils import LayoutEnum
 
 from cuteattn.kernels.common import mask
 from cuteattn.kernels.common import softcap as capping
@@ -154,15 +153,8 @@ class FlashBackwardSm90(AttentionKernel):
         """K's buffer (tile_n, head_dim). Split by dim, each warpgroup's dQ reads its half of
         K^T as an MN-major operand, which must start on a swizzle atom: the atom is sized to
         half the dim (d64: 32 columns, 64-byte swizzle; d128: 64, 128-byte)."""
-        if not self.dq_split_dim:
-            return smem_layout(self.dtype, self.tile_n, self.head_dim)
-        atom = warpgroup.make_smem_layout_atom(
-            hopper.get_smem_layout_atom(
-                LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim // NUM_CONSUMER_WGS
-            ),
-            self.dtype,
-        )
-        return cute.tile_to_shape(atom, (self.tile_n, self.head_dim), (0, 1))
+        atom_cols = self.head_dim // NUM_CONSUMER_WGS if self.dq_split_dim else None
+        return smem_layout(self.dtype, self.tile_n, self.head_dim, atom_cols=atom_cols)
 
     def pds_layout(self):
         """The bf16 score-gradient buffers: dS^T (keys, queries), queries contiguous, read as

@@ -26,13 +26,13 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as hopper
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
-from cutlass.utils import LayoutEnum
 
 from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.common.smem_tiles import transposed
 from cuteattn.kernels.sm90.backward import (
     NUM_CONSUMER_WGS,
     BackwardBarrier,
@@ -40,7 +40,7 @@ from cuteattn.kernels.sm90.backward import (
     consumer_thread,
 )
 from cuteattn.kernels.sm90.family import WIDE_BACKWARD_SPLIT_DIM
-from cuteattn.kernels.common.smem_tiles import transposed
+from cuteattn.kernels.sm90.smem import smem_layout
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm
 
 DQ_CHUNK_COLS = 64
@@ -70,12 +70,9 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         that its share starts on an atom: 32 keys (d192, d256's 64-key tile), 64-byte swizzle;
         24 (d256's 48-key tile: not a whole 16-key 32-byte atom), no swizzle (8-column
         interleaved atoms)."""
-        keys_per_wg = self.tile_n // NUM_CONSUMER_WGS
-        atom = warpgroup.make_smem_layout_atom(
-            hopper.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, keys_per_wg),
-            self.dtype,
+        return smem_layout(
+            self.dtype, self.tile_m, self.tile_n, 2, atom_cols=self.tile_n // NUM_CONSUMER_WGS
         )
-        return cute.tile_to_shape(atom, (self.tile_m, self.tile_n, 2), (0, 1, 2))
 
     def make_tiled_mmas(self):
         k_major, mn_major = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN

@@ -12,10 +12,14 @@ from cutlass.tensor_utils import LayoutEnum
 from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom
 
 
-def smem_layout(dtype, rows: int, cols: int, stages: int | None = None):
-    """Swizzled K-major (rows, cols[, stages]) layout that WGMMA and TMA both read."""
+def smem_layout(
+    dtype, rows: int, cols: int, stages: int | None = None, atom_cols: int | None = None
+):
+    """Swizzled K-major (rows, cols[, stages]) layout that WGMMA and TMA both read; the
+    swizzle atom sized for ``atom_cols`` columns (default: ``cols``), so that an operand read
+    from a column offset that is a multiple of it starts on an atom."""
     atom = warpgroup.make_smem_layout_atom(
-        hopper.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
+        hopper.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, atom_cols or cols), dtype
     )
     shape = (rows, cols) if stages is None else (rows, cols, stages)
     return cute.tile_to_shape(atom, shape, (0, 1) if stages is None else (0, 1, 2))
