@@ -47,6 +47,18 @@ def assert_close_to_reference(
         )
 
 
+def assert_attention_close(out: torch.Tensor, lse: torch.Tensor, q, k, v, **options) -> None:
+    """out and lse of an attention call against the fp32 reference of the same ``options``
+    (``cuteattn.reference.attention``'s keywords), the bound set by PyTorch's own
+    low-precision computation."""
+    from cuteattn.reference import attention
+
+    out_ref, lse_ref = attention(q, k, v, **options)
+    out_pt, lse_pt = attention(q, k, v, upcast=False, **options)
+    assert_close_to_reference("out", out, out_ref, out_pt)
+    assert_close_to_reference("lse", lse, lse_ref, lse_pt)
+
+
 def reference_grads(
     q, k, v, dout, *, causal=False, window_size=(None, None), softmax_scale=None, softcap=0.0,
     learnable_sink=None, upcast=True, flash_rowsum=False, **varlen,
