@@ -212,7 +212,7 @@ def test_fragment_order_postprocess_permutes_each_query_tile(
     dq = torch.full(dq_shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     postprocess = compile_dq_postprocess(
         arch, "bf16", dim, kernel_dim, 1, 0, tile if packed else 0,
-        fragment_order=(tile, threads, warps),
+        fragment_order=("sm80", tile, threads, warps),
     )
     target = dq.unsqueeze(0) if packed else dq
     postprocess(accum, target, cu, max(lengths), 1.0, None, None, None)

@@ -245,10 +245,15 @@ class KernelFamily(abc.ABC):
         return 1, 0
 
     def dq_accum_fragment_order(self, plan: KernelPlan) -> tuple | None:
-        """(tile_m, threads, warps_dq) when a backward plan's kernel adds each query tile of
-        dq_accum in its dQ MMA's fragment order (the postprocess reads it back in that order:
-        ``kernels/sm80/dq_postprocess.py``); None: plain rows (``dq_accum_chunks``)."""
+        """(this family's name, its layout...) when a backward plan's kernel adds each query
+        tile of dq_accum in its dQ MMA's fragment order (the postprocess reads it back in that
+        order: ``fragment_dq_postprocess``); None: plain rows (``dq_accum_chunks``)."""
         return None
+
+    def fragment_dq_postprocess(self, layout: tuple, **shape):
+        """The postprocess kernel object for ``dq_accum_fragment_order``'s ``layout`` (what
+        follows the family's name) and ``shape`` (dtype, head_dim, kernel_dim, rows_tile)."""
+        raise NotImplementedError(f"family {self.name!r} adds dq in plain rows")
 
     def choose(self, problem: Problem) -> KernelPlan | None:
         """The first candidate that ``can_implement`` on the problem's arch, or None."""

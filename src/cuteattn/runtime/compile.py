@@ -88,9 +88,10 @@ def compile_dq_postprocess(
     """Compile (or fetch) the backward's dq postprocess (``kernels/bwd_postprocess.py``): dq's
     head_dim and dtype, the plan's kernel head dim, dq_accum's (chunks, row_pad), and a packed
     batch's tile_m (0: a fixed-length batch) and, packed, dk's and dv's (head_dim, dim_v) when
-    it zeroes their rows past the last sequence too; ``fragment_order`` (tile_m, threads,
-    warps_dq): dq_accum's query tiles in the sm80 backward's fragment order
-    (``KernelFamily.dq_accum_fragment_order``), else plain rows. Call it as ``fn(dq_accum, dq,
+    it zeroes their rows past the last sequence too; ``fragment_order`` (family name, then
+    that family's layout): dq_accum's query tiles in a backward's fragment order
+    (``KernelFamily.dq_accum_fragment_order``; the family builds the kernel), else plain rows.
+    Call it as ``fn(dq_accum, dq,
     cu_seqlens_q, max_seqlen_q, softmax_scale, dk, dv, cu_seqlens_k)`` (fixed-length: None, 0;
     dk, dv, cu_seqlens_k None unless zero_kv_dims; packed tensors as (1, total, heads, dim))."""
 
@@ -104,12 +105,9 @@ def compile_dq_postprocess(
                 rows_tile=varlen_rows_tile,
             )
         else:
-            from cuteattn.kernels.sm80.dq_postprocess import FragmentDqPostprocess
-
-            tile_m, threads, warps_dq = fragment_order
-            kernel = FragmentDqPostprocess(
-                dtype=dsl_dtype(dtype), head_dim=head_dim, kernel_dim=kernel_dim,
-                rows_tile=varlen_rows_tile, tile_m=tile_m, threads=threads, warps_dq=warps_dq,
+            kernel = get_family(fragment_order[0]).fragment_dq_postprocess(
+                fragment_order[1:], dtype=dsl_dtype(dtype), head_dim=head_dim,
+                kernel_dim=kernel_dim, rows_tile=varlen_rows_tile,
             )
         fake_args = postprocess_fake_args(
             dsl_dtype(dtype), head_dim, kernel_dim, chunks, row_pad,

@@ -121,7 +121,13 @@ class Sm80Family(KernelFamily):
 
     def dq_accum_fragment_order(self, plan: KernelPlan) -> tuple | None:
         warps_dq = tiling.backward_warp_layouts(plan.num_threads // 32, plan.head_dim)[2]
-        return plan.tile_m, plan.num_threads, warps_dq
+        return self.name, plan.tile_m, plan.num_threads, warps_dq
+
+    def fragment_dq_postprocess(self, layout: tuple, **shape):
+        from cuteattn.kernels.sm80.dq_postprocess import FragmentDqPostprocess
+
+        tile_m, threads, warps_dq = layout
+        return FragmentDqPostprocess(tile_m=tile_m, threads=threads, warps_dq=warps_dq, **shape)
 
     def kernel(self, plan: KernelPlan):
         sizes = dict(
