@@ -87,6 +87,8 @@ VARLEN_LENGTHS = [
     [0, 0, 7],
     [1] * 40 + [300] + [0] * 30 + [129],
     [256],
+    # Many passes of the warp's scan (persistent CTAs resume at their last tile's sequence).
+    [3, 70, 0, 1, 129] * 40,
 ]
 
 

@@ -44,8 +44,8 @@ needs no host sync (``make_varlen_tile_counts``: never more than a grid over the
 sequence); each CTA finds its sequence by a warp-wide scan of the tile counts
 (``decode_varlen_tile``, 32 sequences a pass), and the CTAs past the last tile get an invalid
 work tile. Single tile, or persistent like ``LinearTileScheduler`` (grid (min(max_ctas,
-bound), 1, 1), every grid_dim-th work tile, decoded afresh, each warp scanning from the first
-sequence again: the sm90 forward).
+bound), 1, 1), every grid_dim-th work tile, each warp resuming its scan at its last tile's
+sequence: the sm90 forward).
 
 ``longest_first`` is for causal attention: the query tiles with the most key tiles start first
 (SingleTileScheduler: m_block counts down the grid; LinearTileScheduler: within each section;
@@ -492,18 +492,27 @@ def warp_inclusive_sum(value: Int32) -> Int32:
 def decode_varlen_tile(
     tile_idx: Int32, counts: VarlenTileCounts, cu_seqlens: cute.Tensor,
     tile: cutlass.Constexpr[int], longest_first: cutlass.Constexpr[bool],
-    heads_fastest: cutlass.Constexpr[bool] = False,
-) -> WorkTile:
+    heads_fastest: cutlass.Constexpr[bool] = False, scan_from: tuple | None = None,
+):
     """CTA ``tile_idx``'s work tile in ``varlen_tile_order``. Called by whole warps (every lane
     takes part in the scan): each lane counts one sequence's work tiles (tiles x heads), a warp
     prefix sum and ballot find the sequence whose range holds ``tile_idx``, 32 sequences a pass.
     A CTA past every sequence's tiles (the grid is an upper bound) gets the tile just past the
     last sequence's end, head 0, flagged invalid: a kernel that treats tiles past a sequence as
     empty (as for a grid over the longest sequence) needs no check of its own. At least one
-    sequence (``counts.num_batches`` >= 1)."""
+    sequence (``counts.num_batches`` >= 1).
+
+    ``scan_from`` (sequence, its first work tile): start the scan there instead of at sequence
+    0, a sequence at or before the one holding ``tile_idx`` (a persistent CTA's indices only
+    grow: it resumes at its last tile's sequence). Returns the work tile and, with
+    ``scan_from``, the (sequence, first work tile) to resume the next scan from."""
     lane = cute.arch.lane_idx()
     first_batch = Int32(0)  # this pass's first sequence
     before = Int32(0)  # work tiles of the sequences before the pass
+    if cutlass.const_expr(scan_from is not None):
+        first_batch, before = scan_from
+    resume_batch = first_batch
+    resume_start = before
     batch = Int32(-1)
     start = Int32(0)  # the found sequence's first work tile
     tiles_found = Int32(1)
@@ -540,11 +549,17 @@ def decode_varlen_tile(
         block = local - head * tiles_found
     if cutlass.const_expr(longest_first):
         block = tiles_found - 1 - block
-    if not valid:
+    if valid:
+        resume_batch = batch
+        resume_start = start
+    else:
         batch = counts.num_batches - 1
         head = Int32(0)
         block = last_tiles
-    return WorkTile(m_block=block, head=head, batch=batch, is_valid=Boolean(valid))
+    work = WorkTile(m_block=block, head=head, batch=batch, is_valid=Boolean(valid))
+    if cutlass.const_expr(scan_from is None):
+        return work
+    return work, (resume_batch, resume_start)
 
 
 class VarlenTileScheduler(_StridedWalk):
@@ -557,7 +572,7 @@ class VarlenTileScheduler(_StridedWalk):
     def __init__(
         self, counts: VarlenTileCounts, cu_seqlens: cute.Tensor, *, tile: int,
         longest_first: bool, persistent: bool = False, tile_idx: Int32 | None = None,
-        done: bool = False,
+        done: bool = False, scan_from: tuple | None = None,
     ):
         self.counts = counts
         self.cu_seqlens = cu_seqlens
@@ -566,6 +581,9 @@ class VarlenTileScheduler(_StridedWalk):
         self.persistent = persistent
         self._tile_idx = tile_idx  # persistent only: the CTA's current work index
         self._done = done  # single tile: plain Python, so a kernel loop over it folds
+        # Persistent only: (sequence, its first work tile) of the last tile found, where the
+        # next scan starts (the work index only grows).
+        self._scan_from = scan_from
 
     @staticmethod
     def grid_shape(
@@ -580,38 +598,44 @@ class VarlenTileScheduler(_StridedWalk):
         longest_first: bool, persistent: bool = False,
     ) -> "VarlenTileScheduler":
         tile_idx = Int32(cute.arch.block_idx()[0]) if persistent else None
+        scan_from = (Int32(0), Int32(0)) if persistent else None
         return cls(
             counts, cu_seqlens, tile=tile, longest_first=longest_first, persistent=persistent,
-            tile_idx=tile_idx,
+            tile_idx=tile_idx, scan_from=scan_from,
         )
 
     def get_current_work(self) -> WorkTile:
-        tile_idx = self._tile_idx
         if cutlass.const_expr(not self.persistent):
-            tile_idx = Int32(cute.arch.block_idx()[0])
+            work = decode_varlen_tile(
+                Int32(cute.arch.block_idx()[0]), self.counts, self.cu_seqlens, self.tile,
+                self.longest_first,
+            )
+            if cutlass.const_expr(self._done):
+                work = work._replace(is_valid=Boolean(False))
+            return work
         # Persistent CTAs take every grid_dim-th tile: with a sequence's tiles fastest, a grid
         # that is a multiple of their count would give one CTA every head's longest tile.
-        work = decode_varlen_tile(
-            tile_idx, self.counts, self.cu_seqlens, self.tile, self.longest_first,
-            heads_fastest=self.persistent,
+        work, self._scan_from = decode_varlen_tile(
+            self._tile_idx, self.counts, self.cu_seqlens, self.tile, self.longest_first,
+            heads_fastest=True, scan_from=self._scan_from,
         )
-        if cutlass.const_expr(self._done):
-            work = work._replace(is_valid=Boolean(False))
         return work
 
     def _finish(self):
         self._done = True
 
     def _state(self):
-        return (self.counts, self.cu_seqlens) + ((self._tile_idx,) if self.persistent else ())
+        walk = (self._tile_idx, *self._scan_from) if self.persistent else ()
+        return (self.counts, self.cu_seqlens) + walk
 
     def __extract_mlir_values__(self):
         return cutlass.extract_mlir_values(self._state())
 
     def __new_from_mlir_values__(self, values):
         state = cutlass.new_from_mlir_values(self._state(), values)
+        persistent = self.persistent
         return VarlenTileScheduler(
             state[0], state[1], tile=self.tile, longest_first=self.longest_first,
-            persistent=self.persistent, tile_idx=state[2] if self.persistent else None,
-            done=self._done,
+            persistent=persistent, tile_idx=state[2] if persistent else None,
+            done=self._done, scan_from=(state[3], state[4]) if persistent else None,
         )
