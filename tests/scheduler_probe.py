@@ -1,8 +1,10 @@
 """Probe kernels for tile schedulers, compiled on the CPU (tests/cpu) and run on the GPU
 (tests/gpu): each work tile a CTA gets adds 1 to visits[m_block, head, batch]
 (``compile_visit_counter``); the varlen scheduler's CTAs write the work tile they decode
-(``compile_varlen_decoder``); the dynamic scheduler's producer and consumer warps each count
-the tiles they walk (``compile_dynamic_visit_counter``)."""
+(``compile_varlen_decoder``), and so do the linear scheduler's single-tile CTAs
+(``compile_linear_decoder``: its in-kernel decode against ``decode_linear_tile``); the dynamic
+scheduler's producer and consumer warps each count the tiles they walk
+(``compile_dynamic_visit_counter``)."""
 
 import cutlass
 import cutlass.cute as cute
@@ -26,8 +28,9 @@ def compile_visit_counter(
     scheduler_cls, *, persistent: bool, longest_first: bool, arch="sm_90a", dump_dir=None
 ):
     """fn(visits, max_ctas, heads_per_section): visits is an int32 (m_blocks, heads, batches)
-    tensor, zeroed. heads_per_section sizes the linear scheduler's sections (at least 1; the
-    single-tile scheduler ignores it)."""
+    tensor, zeroed. heads_per_section sizes the linear scheduler's sections (a power of two, as
+    ``make_linear_tile_counts`` makes it: the divisors assume one; the single-tile scheduler
+    ignores it)."""
     linear = scheduler_cls is LinearTileScheduler
     if not linear and scheduler_cls is not SingleTileScheduler:
         raise ValueError(f"no probe for {scheduler_cls.__name__}")
@@ -42,7 +45,7 @@ def compile_visit_counter(
                 counts = LinearTileCounts(
                     num_m_blocks=visits.shape[0], num_heads=visits.shape[1],
                     num_batches=visits.shape[2], heads_per_section=heads_per_section,
-                )
+                ).with_divisors()
             else:
                 counts = TileCounts.create(
                     seqlen_q=visits.shape[0] * TILE_M, tile_m=TILE_M, num_heads=visits.shape[1],
@@ -73,6 +76,44 @@ def compile_visit_counter(
     if dump_dir is not None:
         options += f" --keep-ptx --dump-dir {dump_dir}"
     return cute.compile(VisitCounter(), visits, Int32(1), Int32(1), stream, options=options)
+
+
+def compile_linear_decoder(*, longest_first: bool, arch="sm_90a"):
+    """fn(tiles, m_blocks, heads, batches, heads_per_section): tiles an int32 (m_blocks * heads *
+    batches, 3) tensor; CTA i of the single-tile ``LinearTileScheduler`` writes (m_block, head,
+    batch) of work index i to row i, decoded with the counts' divisors (the kernels' way;
+    heads_per_section a power of two)."""
+
+    class LinearDecoder:
+        @cute.jit
+        def __call__(
+            self, tiles: cute.Tensor, m_blocks: Int32, heads: Int32, batches: Int32,
+            heads_per_section: Int32, stream,
+        ):
+            counts = LinearTileCounts(
+                num_m_blocks=m_blocks, num_heads=heads, num_batches=batches,
+                heads_per_section=heads_per_section,
+            ).with_divisors()
+            grid = LinearTileScheduler.grid_shape(counts)
+            self.kernel(tiles, counts).launch(grid=grid, block=[32, 1, 1], stream=stream)
+
+        @cute.kernel
+        def kernel(self, tiles: cute.Tensor, counts: LinearTileCounts):
+            tidx, _, _ = cute.arch.thread_idx()
+            cta, _, _ = cute.arch.block_idx()
+            scheduler = LinearTileScheduler.create(counts, longest_first=longest_first)
+            work = scheduler.initial_work_tile()
+            if tidx == 0:
+                tiles[cta, 0] = work.m_block
+                tiles[cta, 1] = work.head
+                tiles[cta, 2] = work.batch
+
+    tiles = make_fake_tensor(Int32, (cute.sym_int(), 3), (3, 1))
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(
+        LinearDecoder(), tiles, Int32(1), Int32(1), Int32(1), Int32(1), stream,
+        options=f"--enable-tvm-ffi --gpu-arch {arch}",
+    )
 
 
 def compile_varlen_decoder(
@@ -153,7 +194,7 @@ def compile_dynamic_visit_counter(*, longest_first: bool, arch="sm_90a", dump_di
             counts = LinearTileCounts(
                 num_m_blocks=visits.shape[1], num_heads=visits.shape[2],
                 num_batches=visits.shape[3], heads_per_section=heads_per_section,
-            )
+            ).with_divisors()
             grid = DynamicTileScheduler.grid_shape(counts, max_ctas=max_ctas)
             self.kernel(visits, counts, counter).launch(grid=grid, block=[64, 1, 1], stream=stream)
 

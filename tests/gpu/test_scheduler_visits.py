@@ -55,6 +55,40 @@ def _compiled(scheduler_cls, persistent, longest_first, arch, compile_visit_coun
 
 
 @pytest.mark.parametrize("longest_first", (False, True))
+@pytest.mark.parametrize(
+    "m_blocks,heads,batches", [(1, 1, 1), (9, 5, 3), (33, 16, 2), (7, 1, 3), (2, 3, 2), (64, 12, 5)]
+)
+@pytest.mark.parametrize("heads_per_section", (1, 2, 4, 8, 64))
+def test_linear_scheduler_decodes_the_tile_order(
+    longest_first, m_blocks, heads, batches, heads_per_section
+):
+    """The in-kernel decode (divisions by precomputed divisors) gives work index i the tile
+    that ``decode_linear_tile`` (plain integer arithmetic, CPU-tested) gives it."""
+    from scheduler_probe import compile_linear_decoder
+
+    from cuteattn.kernels.common.tile_scheduler import LinearTileCounts, decode_linear_tile
+    from cuteattn.runtime.arch import device_arch
+
+    assert heads_per_section & (heads_per_section - 1) == 0  # the divisors assume it
+    key = ("linear decoder", longest_first)
+    if key not in _cache:
+        arch = device_arch(torch.device("cuda")).name
+        _cache[key] = compile_linear_decoder(longest_first=longest_first, arch=arch)
+    counts = LinearTileCounts(
+        num_m_blocks=m_blocks, num_heads=heads, num_batches=batches,
+        heads_per_section=heads_per_section,
+    )
+    want = [
+        decode_linear_tile(i, counts, longest_first=longest_first)
+        for i in range(counts.num_tiles())
+    ]
+    tiles = torch.full((counts.num_tiles(), 3), -7, dtype=torch.int32, device="cuda")
+    _cache[key](tiles, m_blocks, heads, batches, heads_per_section)
+    torch.cuda.synchronize()
+    assert [tuple(row) for row in tiles.tolist()] == [tuple(t) for t in want]
+
+
+@pytest.mark.parametrize("longest_first", (False, True))
 @pytest.mark.parametrize("m_blocks,heads,batches", [(1, 1, 1), (9, 5, 3), (33, 16, 2)])
 @pytest.mark.parametrize("max_ctas", (1, 7, 132))
 @pytest.mark.parametrize("heads_per_section", (1, 4, 64))

@@ -99,6 +99,13 @@ class LinearTileCounts(NamedTuple):
     num_heads: Int32
     num_batches: Int32
     heads_per_section: Int32  # (batch, head) pairs per L2 section, a power of two
+    # The kernels' divisions by precomputed divisors (``with_divisors``, which relies on the
+    # power of two; at least one query tile and one head); None: plain integer division.
+    divisors: "LinearDivisors | None" = None
+
+    def with_divisors(self) -> "LinearTileCounts":
+        """These counts with their divisors (host side, in a jit function)."""
+        return self._replace(divisors=LinearDivisors.create(self))
 
     def num_tiles(self):
         return self.num_m_blocks * self.num_heads * self.num_batches
@@ -122,7 +129,7 @@ def make_linear_tile_counts(
         num_heads=num_heads,
         num_batches=num_batches,
         heads_per_section=heads,
-    )
+    ).with_divisors()
 
 
 class TileScheduler(Protocol):
@@ -250,10 +257,65 @@ def decode_linear_tile(tile_idx, counts: LinearTileCounts, *, longest_first: boo
     return m_block, head, batch
 
 
+class LinearDivisors(NamedTuple):
+    """``LinearTileCounts``' divisors for ``decode_linear_tile_fast`` (multiply-and-shift
+    divisions instead of the integer divisions' emulation, about 100 instructions each, on
+    the consumers' path between tiles), made on the host (``create``, in the launching jit
+    function): the query tiles, the heads, a section's pairs (a power of two) and the last
+    section's pairs."""
+
+    m_blocks: cute.FastDivmodDivisorV2
+    heads: cute.FastDivmodDivisorV2
+    section_pairs: cute.FastDivmodDivisorV2
+    last_pairs: cute.FastDivmodDivisorV2
+
+    @staticmethod
+    def create(counts: LinearTileCounts) -> "LinearDivisors":
+        num_pairs = counts.num_heads * counts.num_batches
+        # Pairs in the last section: 1 .. heads_per_section (a power of two).
+        last_pairs = ((num_pairs - 1) & (counts.heads_per_section - 1)) + 1
+        return LinearDivisors(
+            m_blocks=cute.fast_divmod_create_divisor_v2(counts.num_m_blocks),
+            heads=cute.fast_divmod_create_divisor_v2(counts.num_heads),
+            section_pairs=cute.FastDivmodDivisorV2(counts.heads_per_section, is_power_of_2=True),
+            last_pairs=cute.fast_divmod_create_divisor_v2(last_pairs),
+        )
+
+
+@cute.jit
+def decode_linear_tile_fast(
+    tile_idx: Int32, counts: LinearTileCounts, divisors: LinearDivisors,
+    longest_first: cutlass.Constexpr[bool],
+):
+    """``decode_linear_tile`` in a kernel, its divisions by precomputed divisors: the section
+    is floor(floor(tile_idx / heads_per_section) / num_m_blocks), the query tile and pair
+    within it a division by the section's pairs (heads_per_section, or the last section's)."""
+    num_pairs = counts.num_heads * counts.num_batches
+    section = (tile_idx // divisors.section_pairs) // divisors.m_blocks
+    in_section = tile_idx - section * (counts.heads_per_section * counts.num_m_blocks)
+    first_pair = section * counts.heads_per_section
+    # Both divisions (a shift and a multiply), then a select: no branch.
+    full_m_rank, full_pair_rank = divmod(in_section, divisors.section_pairs)
+    last_m_rank, last_pair_rank = divmod(in_section, divisors.last_pairs)
+    last = first_pair + counts.heads_per_section > num_pairs
+    m_rank = Int32(cutlass.select_(last, last_m_rank, full_m_rank))
+    pair_rank = Int32(cutlass.select_(last, last_pair_rank, full_pair_rank))
+    m_block = m_rank
+    if cutlass.const_expr(longest_first):
+        m_block = counts.num_m_blocks - 1 - m_rank
+    batch, head = divmod(first_pair + pair_rank, divisors.heads)
+    return m_block, head, batch
+
+
 def linear_work_tile(tile_idx, counts: LinearTileCounts, longest_first: bool) -> WorkTile:
-    """The work tile of linear index ``tile_idx`` (``decode_linear_tile``), valid below the
-    launch's tile count."""
-    m_block, head, batch = decode_linear_tile(tile_idx, counts, longest_first=longest_first)
+    """The work tile of linear index ``tile_idx`` (``decode_linear_tile``, or with the counts'
+    divisors ``decode_linear_tile_fast``), valid below the launch's tile count."""
+    if counts.divisors is None:
+        m_block, head, batch = decode_linear_tile(tile_idx, counts, longest_first=longest_first)
+    else:
+        m_block, head, batch = decode_linear_tile_fast(
+            tile_idx, counts, counts.divisors, longest_first
+        )
     return WorkTile(
         m_block=Int32(m_block), head=Int32(head), batch=Int32(batch),
         is_valid=Boolean(tile_idx < counts.num_tiles()),
@@ -415,14 +477,15 @@ class DynamicTileScheduler:
             sync_threads=self.sync_threads, full_id=self.full_id, empty_id=self.empty_id,
         )
 
+    def _state(self) -> tuple:
+        return self.counts, self.counter, self.slot, self._tile_idx, self._ticket
+
     def __extract_mlir_values__(self):
-        return cutlass.extract_mlir_values(
-            (self.counts, self.counter, self.slot, self._tile_idx, self._ticket)
-        )
+        return cutlass.extract_mlir_values(self._state())
 
     def __new_from_mlir_values__(self, values):
         counts, counter, slot, tile_idx, ticket = cutlass.new_from_mlir_values(
-            (self.counts, self.counter, self.slot, self._tile_idx, self._ticket), values
+            self._state(), values
         )
         return DynamicTileScheduler(
             counts, counter=counter, slot=slot, tile_idx=tile_idx, ticket=ticket,
