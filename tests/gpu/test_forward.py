@@ -75,3 +75,27 @@ def test_forward_matches_reference(
     if empty_rows.any():
         assert torch.all(lse[empty_rows] == float("-inf"))
         assert torch.all(got.permute(0, 2, 1, 3)[empty_rows] == 0)
+
+
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("seqlen", (1050, 4160))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+def test_forward_with_idle_warpgroups(head_dim, seqlen, causal):
+    """Query tiles whose last consumer warpgroups hold no row (1050 and 4160 queries: 26 / 64
+    rows in the last 128-row tile, 90 / 128 in the last 192-row one): those warpgroups skip the
+    tile's GEMMs and keep the pipelines and the ping-pong turning (sm90 ``drain_tiles``), with
+    several key tiles to drain. Against the fp32 reference, the planner's plan (sm90 on Hopper)."""
+    from cuteattn import api
+    from cuteattn.reference import attention
+    from cuteattn.testing import assert_close_to_reference, poison_like
+
+    q = torch.randn(2, seqlen, 4, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, seqlen, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = poison_like(q)
+    got, lse = api.forward(q, k, v, causal=causal, out=out)
+    torch.cuda.synchronize()
+    out_ref, lse_ref = attention(q, k, v, causal=causal)
+    out_pt, lse_pt = attention(q, k, v, causal=causal, upcast=False)
+    assert_close_to_reference("out", got, out_ref, out_pt)
+    assert_close_to_reference("lse", lse, lse_ref, lse_pt)

@@ -187,6 +187,9 @@ class FlashForwardSm90(AttentionKernel):
         if pingpong is None:
             pingpong = self.num_consumer_wgs >= 2 and self.head_dim <= 128
         self.pingpong = pingpong and self.num_consumer_wgs >= 2
+        # Consumer warpgroups with no rows in a query tile skip its GEMMs (``drain_tiles``):
+        # whole 64-row warpgroup shares of the tile's rows (not packed GQA).
+        self.skips_idle_warpgroups = self.num_consumer_wgs > 1 and pack_gqa == 1
         # Large head dims: rescale O while S = Q K^T is in flight rather than after softmax,
         # which keeps the (large) O rescale off the critical path.
         self.rescale_o_before_pv = self.head_dim_v > 128
@@ -764,7 +767,26 @@ class FlashForwardSm90(AttentionKernel):
         )
         acc_O.fill(0.0)
         pending_scale.fill(1.0)
-        if n_block_max > n_block_min:
+        # A warpgroup whose rows all lie past seqlen_q (the last query tile of a 192-row plan
+        # at 1k queries: two of three) only keeps the pipelines and the ping-pong turning.
+        run_tiles = n_block_max > n_block_min
+        if cutlass.const_expr(self.skips_idle_warpgroups):
+            first_row = m_block * self.tile_m + loop.wg_idx * tiling.WARPGROUP_ROWS
+            if first_row >= seqlen.seqlen_q:
+                if run_tiles:
+                    wait_stage(pipeline_q, q_state)
+                    kv_state = self.drain_tiles(loop, kv_state, n_block_max - n_block_min)
+                    # Q's stage released once, as the tiles below release it (with a
+                    # separate O after the drain: the producer asks for the next Q only
+                    # after this tile's K / V loads).
+                    if cutlass.const_expr(self.separate_o):
+                        pipeline_q.consumer_release(q_state)
+                    if cutlass.const_expr(not self.persistent):
+                        pipeline_q.consumer_release(q_state)
+                    if cutlass.const_expr(not self.q_holds_o):
+                        q_state.advance()
+                run_tiles = cutlass.Boolean(False)
+        if run_tiles:
             wait_stage(pipeline_q, q_state)
             kv_state = self.first_tile(
                 loop, kv_state, n_block_max - 1, m_block=m_block, softmax=softmax
@@ -974,6 +996,29 @@ class FlashForwardSm90(AttentionKernel):
             pending_scale.store(row_scale.load())
         else:
             rescale_rows_where_needed(acc_O, row_scale)
+        return kv_state
+
+    @cute.jit
+    def drain_tiles(self, loop: Mainloop, kv_state, num_tiles: Int32):
+        """A warpgroup with no rows in this tile: the K and V stages of its ``num_tiles`` key
+        tiles waited for and released, and the ping-pong turns taken, in the order
+        ``first_tile``, ``next_tile`` and ``last_pv`` take them, with no GEMM and no
+        softmax."""
+        pipeline_k, pipeline_v, wg_idx = loop.pipeline_k, loop.pipeline_v, loop.wg_idx
+        wait_stage(pipeline_k, kv_state)
+        pipeline_k.consumer_release(kv_state)
+        for _ in cutlass.range(num_tiles - 1, unroll=1):
+            v_state = kv_state.clone()
+            kv_state.advance()
+            wait_stage(pipeline_k, kv_state)
+            self.scheduler_sync(wg_idx)
+            wait_stage(pipeline_v, v_state)
+            self.scheduler_arrive(wg_idx)
+            pipeline_k.consumer_release(kv_state)
+            pipeline_v.consumer_release(v_state)
+        wait_stage(pipeline_v, kv_state)
+        pipeline_v.consumer_release(kv_state)
+        kv_state.advance()
         return kv_state
 
     @cute.jit
