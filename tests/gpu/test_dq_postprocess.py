@@ -196,7 +196,9 @@ def test_fragment_order_postprocess_permutes_each_query_tile(
     none from another tile; a padded head dim: a subset). The backward tests check the order
     against the MMA's (dq against the reference)."""
     heads = 2
-    lengths = [2 * tile, 0, tile, 3 * tile] if packed else [3 * tile] * 2
+    # Packed: the last sequence the shortest (the grid's tiles past it must not read past the
+    # accumulator).
+    lengths = [2 * tile, 0, tile, 3 * tile, tile // 2] if packed else [3 * tile] * 2
     arch = device_arch(torch.device("cuda")).name
     if packed:
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,

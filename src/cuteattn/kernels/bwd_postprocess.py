@@ -110,7 +110,13 @@ class DqPostprocess:
                 seqlen = SeqlenInfo.varlen(
                     mCuSeqlensQ, mCuSeqlensQ, None, batch, rows_tile=self.rows_tile
                 )
-                self.scale_rows(mdQaccum, mdQ, seqlen, row_block, head, batch, softmax_scale, tidx)
+                # The grid covers the longest sequence; past this one's rows a tile reads
+                # nothing (the whole-tile readers, past the last sequence, would read past the
+                # accumulator).
+                if row_block * self.rows_per_cta < seqlen.seqlen_q:
+                    self.scale_rows(
+                        mdQaccum, mdQ, seqlen, row_block, head, batch, softmax_scale, tidx
+                    )
             else:
                 self.zero_packed_tail(mdQ, mCuSeqlensQ[num_seqs], row_block, head, tidx)
                 if cutlass.const_expr(mdK is not None):
