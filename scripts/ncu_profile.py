@@ -1,0 +1,107 @@
+"""Hardware counters of each backend's kernels for benchmark rows, by Nsight Compute (GPU only;
+ncu reads counters on the Firecracker machines, not on gVisor: the device tool's KINDS.md).
+
+This script makes one call per (row, backend) after warm-up calls, between cudaProfilerStart and
+cudaProfilerStop, so that ``ncu --profile-from-start off`` captures that call's kernels only
+(preprocess, memsets, main kernel, postprocess). Takes the benchmark's arguments
+(``python -m cuteattn.bench --help``; --rounds, --iters and --csv are ignored). Run it through
+``scripts/ncu_compare.sh``, which profiles, exports and summarises (``--summary REPORT.csv``).
+"""
+
+import csv
+import sys
+
+import torch
+
+from cuteattn.bench.__main__ import DTYPES, build_parser, load_available, parse_rows
+from cuteattn.bench.backends import backward_binder
+from cuteattn.bench.runner import WARMUP_CALLS, make_inputs, one_line
+
+# Raw metrics worth a line each (ncu's names; a missing one is skipped).
+METRICS = (
+    ("gpu__time_duration.sum", "duration"),
+    ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM throughput %"),
+    ("sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active", "GMMA inst %"),
+    ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", "GMMA pipe %"),
+    ("l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed", "smem LSU %"),
+    ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum", "smem bank conflicts"),
+    ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 throughput %"),
+    ("lts__t_sectors_op_red.sum", "L2 red sectors"),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput %"),
+    ("dram__bytes.sum", "DRAM bytes"),
+    ("smsp__cycles_active.avg", "SMSP active cycles"),
+    ("smsp__inst_executed.sum", "instructions"),
+    ("smsp__average_warps_issue_stalled_per_issue_active.ratio", "stall cycles / issue"),
+    ("launch__registers_per_thread", "registers"),
+)
+STALL_PREFIX = "smsp__average_warps_issue_stalled_"
+STALL_SUFFIX = "_per_issue_active.ratio"
+
+
+def profile(argv) -> int:
+    parser = build_parser()
+    parser.prog = "scripts/ncu_profile.py"
+    args, shapes = parse_rows(parser, argv)
+    if not torch.cuda.is_available():
+        print("ncu_profile: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    binders = load_available(args.backends, softcap=args.softcap, window=args.window)
+    if args.mode == "bwd":
+        binders = {name: backward_binder(bind) for name, bind in binders.items()}
+    torch.manual_seed(0)
+    cudart = torch.cuda.cudart()
+    for shape in shapes:
+        q, k, v, extra = make_inputs(shape, DTYPES[args.dtype])
+        for name, bind in binders.items():
+            print(f"{shape.label()} {args.mode} {name}", flush=True)
+            try:
+                call = bind(q, k, v, shape.causal, **extra)
+                for _ in range(WARMUP_CALLS):
+                    call()
+                torch.cuda.synchronize()
+                cudart.cudaProfilerStart()
+                call()
+                torch.cuda.synchronize()
+                cudart.cudaProfilerStop()
+            except Exception as exc:  # noqa: BLE001 - a backend that cannot run a row is skipped
+                print(f"  unavailable: {one_line(exc)}", flush=True)
+        del q, k, v, extra
+    return 0
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def summarize(path: str) -> int:
+    """One block per profiled kernel of ``ncu --page raw --csv`` output: the metrics above and
+    the five largest stall reasons (cycles per issued instruction)."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header, units, kernels = rows[0], rows[1], rows[2:]
+    column = {name: i for i, name in enumerate(header)}
+    print(f"== {path}")
+    for row in kernels:
+        name = row[column["Kernel Name"]] if "Kernel Name" in column else "?"
+        print(f"-- {name[:110]}")
+        for metric, label in METRICS:
+            if metric in column:
+                print(f"   {label:24s} {row[column[metric]]:>16s} {units[column[metric]]}")
+        stalls = []
+        for metric, i in column.items():
+            if metric.startswith(STALL_PREFIX) and metric.endswith(STALL_SUFFIX):
+                value = _number(row[i])
+                if value:
+                    stalls.append((value, metric[len(STALL_PREFIX):-len(STALL_SUFFIX)]))
+        stalls.sort(reverse=True)
+        print("   stalls: " + ", ".join(f"{reason} {value:.2f}" for value, reason in stalls[:6]))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--summary":
+        sys.exit(max(summarize(path) for path in sys.argv[2:]))
+    sys.exit(profile(sys.argv[1:]))
