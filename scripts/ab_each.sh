@@ -6,8 +6,10 @@
 #   source .devdeps/prelude.sh && scripts/ab_each.sh fwd \
 #       "--backends cuteattn,sdpa-cudnn --dims 64,128 --seqlens 1024,4096 --causal both" a.diff b.diff
 #
-# Each run is its own process; the peers' numbers move by several % between processes, so
-# compare cuteattn's own numbers across runs only where the move is large or consistent.
+# AB_REVERSE=1 takes each diff out instead (patch -R): with a stack of wips applied, each run
+# is then the stack less one of them. Each run is its own process; the peers' numbers move by
+# several % between processes, so compare cuteattn's own numbers across runs only where the
+# move is large or consistent.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
@@ -27,12 +29,18 @@ bench() {  # name
 }
 
 bench A
+forward=() backward=(-R)
+if [ "${AB_REVERSE:-0}" = 1 ]; then
+  forward=(-R) backward=()
+fi
 for diff_file in "$@"; do
   name=$(basename "$diff_file" .diff)
-  if ! patch -s -p1 < "$diff_file"; then
+  [ "${AB_REVERSE:-0}" = 1 ] && name="no-$name"
+  if ! patch -s -p1 -F0 "${forward[@]}" --dry-run < "$diff_file" > /dev/null 2>&1; then
     echo "== $label $name: does not apply" >&2
     continue
   fi
+  patch -s -p1 -F0 "${forward[@]}" < "$diff_file"
   bench "$name"
-  patch -s -p1 -R < "$diff_file"
+  patch -s -p1 -F0 "${backward[@]}" < "$diff_file"
 done
