@@ -6,20 +6,30 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
+# (scheduler, persistent, max_ctas, heads_per_section): a single-tile grid does not depend on
+# max_ctas and SingleTileScheduler has no sections, so those take one value each.
 SCHEDULES = [
-    pytest.param("SingleTileScheduler", False, id="single"),
-    pytest.param("LinearTileScheduler", False, id="linear"),
-    pytest.param("LinearTileScheduler", True, id="linear-persistent"),
+    pytest.param("SingleTileScheduler", False, 132, 1, id="single"),
+    *(
+        pytest.param("LinearTileScheduler", False, 132, section, id=f"linear-section{section}")
+        for section in (1, 2, 4, 64)
+    ),
+    *(
+        pytest.param(
+            "LinearTileScheduler", True, ctas, section,
+            id=f"linear-persistent-ctas{ctas}-section{section}",
+        )
+        for ctas in (1, 7, 132, 100000)
+        for section in (1, 2, 4, 64)
+    ),
 ]
 
 
 # (9, 5, 3): 15 pairs, so sections of 2 and 4 leave a residual one, and 64 is one short section;
 # (33, 16, 2): 32 pairs, 2 and 4 divide them, 64 is one short section.
-@pytest.mark.parametrize("scheduler_name,persistent", SCHEDULES)
+@pytest.mark.parametrize("scheduler_name,persistent,max_ctas,heads_per_section", SCHEDULES)
 @pytest.mark.parametrize("longest_first", (False, True))
 @pytest.mark.parametrize("m_blocks,heads,batches", [(1, 1, 1), (9, 5, 3), (33, 16, 2)])
-@pytest.mark.parametrize("max_ctas", (1, 7, 132, 100000))
-@pytest.mark.parametrize("heads_per_section", (1, 2, 4, 64))
 def test_every_tile_once(
     scheduler_name, persistent, longest_first, m_blocks, heads, batches, max_ctas,
     heads_per_section,
@@ -29,10 +39,6 @@ def test_every_tile_once(
     from cuteattn.kernels.common import tile_scheduler
     from cuteattn.runtime.arch import device_arch
 
-    if not persistent and max_ctas != 132:
-        pytest.skip("a single-tile grid does not depend on max_ctas")
-    if scheduler_name == "SingleTileScheduler" and heads_per_section != 1:
-        pytest.skip("SingleTileScheduler has no sections")
     scheduler_cls = getattr(tile_scheduler, scheduler_name)
     arch = device_arch(torch.device("cuda")).name
     fn = _compiled(scheduler_cls, persistent, longest_first, arch, compile_visit_counter)
