@@ -6,8 +6,10 @@
 #       --seqlens 4096 --causal true
 #
 # Reports go to $OUT/ncu-<backend>.ncu-rep (open with ncu-ui), the raw metrics to
-# $OUT/ncu-<backend>.csv, ncu's own reading (its rules' hints) to $OUT/ncu-<backend>.txt; the
-# summary (scripts/ncu_profile.py --summary) prints. NCU_SET (default "full") picks the sections.
+# $OUT/ncu-<backend>.csv, ncu's own reading (its rules' hints) to $OUT/ncu-<backend>.txt, the
+# SASS with stall samples to $OUT/ncu-<backend>.source.csv; the summaries
+# (scripts/ncu_profile.py --summary / --source-summary) print. NCU_SET (default "full") picks
+# the sections (the source page's stall samples need "full").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
@@ -31,5 +33,8 @@ for backend in ${backends//,/ }; do
   grep -v '^==PROF==' "$report.log" | tail -n 3
   "$ncu_bin" -i "$report.ncu-rep" --page raw --csv > "$report.csv" 2> /dev/null
   "$ncu_bin" -i "$report.ncu-rep" --page details > "$report.txt" 2> /dev/null
+  "$ncu_bin" -i "$report.ncu-rep" --page source --csv --print-source sass \
+    > "$report.source.csv" 2> /dev/null
   python scripts/ncu_profile.py --summary "$report.csv"
+  python scripts/ncu_profile.py --source-summary "$report.source.csv" | head -n "${NCU_SOURCE_LINES:-60}"
 done

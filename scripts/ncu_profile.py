@@ -5,7 +5,9 @@ This script makes one call per (row, backend) after warm-up calls, between cudaP
 cudaProfilerStop, so that ``ncu --profile-from-start off`` captures that call's kernels only
 (preprocess, memsets, main kernel, postprocess). Takes the benchmark's arguments
 (``python -m cuteattn.bench --help``; --rounds, --iters and --csv are ignored). Run it through
-``scripts/ncu_compare.sh``, which profiles, exports and summarises (``--summary REPORT.csv``).
+``scripts/ncu_compare.sh``, which profiles, exports and summarises (``--summary REPORT.csv``:
+the main metrics and stall reasons per kernel; ``--source-summary SOURCE.csv``: the SASS lines
+with the most stall samples).
 """
 
 import csv
@@ -101,7 +103,47 @@ def summarize(path: str) -> int:
     return 0
 
 
+def summarize_source(path: str, top: int = 25) -> int:
+    """The SASS lines with the most warp-stall samples, per table of ``ncu --page source --csv
+    --print-source sass`` output (one table per kernel; a row naming "Source" starts one). The
+    page's exact columns vary by ncu version: without a stall-sampling column the first lines
+    print as they are."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    tables, header, body = [], None, []
+    for row in rows:
+        if any(cell.strip() == "Source" for cell in row):
+            if header is not None:
+                tables.append((header, body))
+            header, body = row, []
+        elif header is not None and row:
+            body.append(row)
+    if header is not None:
+        tables.append((header, body))
+    print(f"== {path}: {len(tables)} source tables")
+    for header, body in tables:
+        samples = [i for i, name in enumerate(header) if "Sampling" in name and "All" in name]
+        if not samples:
+            samples = [i for i, name in enumerate(header) if "Sampl" in name]
+        source = header.index(next(name for name in header if name.strip() == "Source"))
+        if not samples:
+            print("   no stall-sampling column; header: " + ", ".join(header)[:300])
+            continue
+        column = samples[0]
+        counted = [(_number(row[column]) or 0.0, row) for row in body if len(row) > column]
+        total = sum(value for value, _ in counted) or 1.0
+        print(f"-- {len(body)} SASS lines, {total:.0f} samples ({header[column]})")
+        for value, row in sorted(counted, key=lambda item: -item[0])[:top]:
+            print(f"   {100 * value / total:5.1f}%  {row[source].strip()[:100]}")
+    if not tables:
+        for row in rows[:40]:
+            print("   " + ",".join(row)[:160])
+    return 0
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--summary":
         sys.exit(max(summarize(path) for path in sys.argv[2:]))
+    if len(sys.argv) > 2 and sys.argv[1] == "--source-summary":
+        sys.exit(max(summarize_source(path) for path in sys.argv[2:]))
     sys.exit(profile(sys.argv[1:]))
