@@ -536,6 +536,14 @@ def test_varlen_rows():
     assert attention_flops(shapes[0]) == 4 * shapes[0].heads * 64 * sum(n * n for n in lengths)
     assert attention_flops(shapes[1]) == attention_flops(shapes[0]) // 2
     assert "varlen" in shapes[0].label()
+    # Many short sequences (a packed batch of thousands: the varlen schedulers' scans).
+    short = grid_from_args(build_parser().parse_args(
+        ["--varlen", "--dims", "64", "--varlen-lengths", "32,512", "--tokens", "131072"]
+    ))[0].lengths
+    assert sum(short) == 131072 and all(32 <= n <= 512 for n in short) and len(short) > 500
+    for bad in ("512,32", "0,8", "8"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--varlen-lengths", bad])
 
 
 def test_varlen_binders(monkeypatch):

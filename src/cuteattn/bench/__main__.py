@@ -68,6 +68,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _length_range(text: str) -> tuple[int, int]:
+    try:
+        shortest, longest = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX integers, got {text!r}") from None
+    if not 1 <= shortest <= longest:
+        raise argparse.ArgumentTypeError(f"expected 1 <= MIN <= MAX, got {text!r}")
+    return shortest, longest
+
+
 def _window(text: str) -> tuple[int, int]:
     try:
         left, right = (int(part) for part in text.split(","))
@@ -148,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="time packed varlen batches instead of the seqlen grid: one row per "
                              "(dim, causal), sequences of mixed lengths 128..8192 summing to "
                              "--tokens (flash_attn_varlen_func; backends without it are left out)")
+    parser.add_argument("--varlen-lengths", type=_length_range, default=(128, 8192),
+                        metavar="MIN,MAX",
+                        help="--varlen's sequence lengths, log-uniform in MIN..MAX (default "
+                             "128,8192; e.g. 32,512 with --tokens 131072: ~1000 short sequences)")
     parser.add_argument("--rounds", type=_positive_int, default=5,
                         help="interleaved rounds per shape; the median is reported (default: 5)")
     parser.add_argument("--iters", type=_positive_int, default=10,
@@ -160,7 +174,8 @@ def grid_from_args(args: argparse.Namespace) -> list[Shape]:
     """The rows to time; ValueError where --heads-kv (or a row's heads_kv) does not divide heads."""
     if args.varlen:
         return varlen_grid(
-            args.dims, CAUSAL_MODES[args.causal], args.tokens, args.hidden, heads_kv=args.heads_kv
+            args.dims, CAUSAL_MODES[args.causal], args.tokens, args.hidden, heads_kv=args.heads_kv,
+            length_range=args.varlen_lengths,
         )
     return build_grid(
         args.dims, args.seqlens, CAUSAL_MODES[args.causal], args.tokens, args.hidden,

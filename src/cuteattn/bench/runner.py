@@ -220,19 +220,22 @@ def attention_flops(shape: Shape) -> int:
 VARLEN_MIN, VARLEN_MAX = 128, 8192
 
 
-def varlen_lengths(tokens: int, seed: int = 0) -> tuple[int, ...]:
-    """Mixed sequence lengths from VARLEN_MIN to VARLEN_MAX (log-uniform, seeded: every run
+def varlen_lengths(
+    tokens: int, seed: int = 0, shortest: int = VARLEN_MIN, longest: int = VARLEN_MAX
+) -> tuple[int, ...]:
+    """Mixed sequence lengths from ``shortest`` to ``longest`` (log-uniform, seeded: every run
     and backend gets the same batch) summing to ``tokens``; the last one takes the remainder
-    (at least VARLEN_MIN where tokens allow)."""
+    (at least ``shortest`` where tokens allow)."""
+    import math
     import random
 
     rng = random.Random(seed)
     lengths = []
     left = tokens
     while left > 0:
-        length = int(round(2 ** rng.uniform(7, 13)))
-        length = max(VARLEN_MIN, min(VARLEN_MAX, length))
-        if left - length < VARLEN_MIN:
+        length = int(round(2 ** rng.uniform(math.log2(shortest), math.log2(longest))))
+        length = max(shortest, min(longest, length))
+        if left - length < shortest:
             length = left
         lengths.append(length)
         left -= length
@@ -241,10 +244,11 @@ def varlen_lengths(tokens: int, seed: int = 0) -> tuple[int, ...]:
 
 def varlen_grid(
     dims: Sequence[int], causal: Sequence[bool], tokens: int, hidden: int, *,
-    heads_kv: int | None = None,
+    heads_kv: int | None = None, length_range: tuple[int, int] = (VARLEN_MIN, VARLEN_MAX),
 ) -> list[Shape]:
-    """One packed varlen row per (dim, causal): ``varlen_lengths(tokens)``."""
-    lengths = varlen_lengths(tokens)
+    """One packed varlen row per (dim, causal): ``varlen_lengths(tokens)``, lengths in
+    ``length_range``."""
+    lengths = varlen_lengths(tokens, shortest=length_range[0], longest=length_range[1])
     return [
         Shape(
             dim=dim, seqlen=max(lengths), causal=is_causal, batch=len(lengths),
