@@ -12,8 +12,7 @@ from collections import defaultdict
 
 import torch
 
-from cuteattn.bench.__main__ import DTYPES, build_parser, load_available, parse_rows
-from cuteattn.bench.backends import backward_binder
+from cuteattn.bench.__main__ import DTYPES, mode_binders, parse_rows_on_gpu
 from cuteattn.bench.runner import WARMUP_CALLS, make_inputs, one_line, time_call_ms
 
 NAME_WIDTH = 90
@@ -42,15 +41,8 @@ def format_kernel_times(rows, call_ms: float) -> str:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    parser.prog = "scripts/kernel_times.py"
-    args, shapes = parse_rows(parser, argv)
-    if not torch.cuda.is_available():
-        print("kernel_times: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    binders = load_available(args.backends, softcap=args.softcap, window=args.window)
-    if args.mode == "bwd":
-        binders = {name: backward_binder(bind) for name, bind in binders.items()}
+    args, shapes = parse_rows_on_gpu("scripts/kernel_times.py", argv)
+    binders = mode_binders(args)
     torch.manual_seed(0)
     for shape in shapes:
         q, k, v, extra = make_inputs(shape, DTYPES[args.dtype])

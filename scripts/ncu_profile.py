@@ -15,8 +15,7 @@ import sys
 
 import torch
 
-from cuteattn.bench.__main__ import DTYPES, build_parser, load_available, parse_rows
-from cuteattn.bench.backends import backward_binder
+from cuteattn.bench.__main__ import DTYPES, mode_binders, parse_rows_on_gpu
 from cuteattn.bench.runner import WARMUP_CALLS, make_inputs, one_line
 
 # Raw metrics worth a line each (ncu's names; a missing one is skipped).
@@ -41,15 +40,8 @@ STALL_SUFFIX = "_per_issue_active.ratio"
 
 
 def profile(argv) -> int:
-    parser = build_parser()
-    parser.prog = "scripts/ncu_profile.py"
-    args, shapes = parse_rows(parser, argv)
-    if not torch.cuda.is_available():
-        print("ncu_profile: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    binders = load_available(args.backends, softcap=args.softcap, window=args.window)
-    if args.mode == "bwd":
-        binders = {name: backward_binder(bind) for name, bind in binders.items()}
+    args, shapes = parse_rows_on_gpu("scripts/ncu_profile.py", argv)
+    binders = mode_binders(args)
     torch.manual_seed(0)
     cudart = torch.cuda.cudart()
     for shape in shapes:

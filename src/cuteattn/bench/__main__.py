@@ -207,6 +207,29 @@ def parse_rows(
         parser.error(str(exc))
 
 
+def parse_rows_on_gpu(
+    prog: str, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, list[Shape]]:
+    """The scripts that take the benchmark's arguments (scripts/kernel_times.py, ...): their
+    parsed arguments and rows; exits with status 2 without a CUDA GPU."""
+    parser = build_parser()
+    parser.prog = prog
+    args, shapes = parse_rows(parser, argv)
+    if not torch.cuda.is_available():
+        print(f"{prog}: needs a CUDA GPU", file=sys.stderr)
+        raise SystemExit(2)
+    return args, shapes
+
+
+def mode_binders(args: argparse.Namespace) -> dict:
+    """The backends of ``args`` that load, as binders of its mode (bwd: the backward through
+    autograd, ``backward_binder``)."""
+    binders = load_available(args.backends, softcap=args.softcap, window=args.window)
+    if args.mode == "bwd":
+        binders = {name: backward_binder(bind) for name, bind in binders.items()}
+    return binders
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args, shapes = parse_rows(build_parser(), argv)
     if not torch.cuda.is_available():
@@ -219,15 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           + (f", softcap: {args.softcap}" if args.softcap else "")
           + (f", window: {args.window}" if args.window != (-1, -1) else ""))
 
-    binders = load_available(args.backends, softcap=args.softcap, window=args.window)
+    binders = mode_binders(args)
     if not binders:
         print("cuteattn.bench: no backend could be loaded", file=sys.stderr)
         return 1
-
-    flops_factor = 1.0
-    if args.mode == "bwd":
-        binders = {name: backward_binder(bind) for name, bind in binders.items()}
-        flops_factor = BACKWARD_FLOPS_FACTOR
+    flops_factor = BACKWARD_FLOPS_FACTOR if args.mode == "bwd" else 1.0
     results = run_benchmark(
         shapes, binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters,
         flops_factor=flops_factor,
