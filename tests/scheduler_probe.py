@@ -117,13 +117,15 @@ def compile_linear_decoder(*, longest_first: bool, arch="sm_90a"):
 
 
 def compile_varlen_decoder(
-    *, tile: int, longest_first: bool, persistent: bool = False, arch="sm_90a", dump_dir=None
+    *, tile: int, longest_first: bool, persistent: bool = False, heads_fastest: bool = False,
+    arch="sm_90a", dump_dir=None,
 ):
     """fn(cu_seqlens, total_rows, max_length, num_heads, max_ctas, tiles): cu_seqlens int32
     (batches + 1,); tiles an int32 (bound, 4) tensor, bound = the single-tile grid's x for these
     counts. Single tile: CTA i writes (m_block, head, batch, is_valid) of its work tile to row i.
     Persistent (grid min(max_ctas, bound)): each CTA writes each work tile it visits to the row
-    of its work index (CTA c's k-th visit: c + k * grid), valid ones only."""
+    of its work index (CTA c's k-th visit: c + k * grid), valid ones only. ``heads_fastest``:
+    ``VarlenTileScheduler``'s (persistent: always)."""
 
     class VarlenDecoder:
         @cute.jit
@@ -146,7 +148,7 @@ def compile_varlen_decoder(
             cta, _, _ = cute.arch.block_idx()
             scheduler = VarlenTileScheduler.create(
                 counts, cu_seqlens, tile=tile, longest_first=longest_first,
-                persistent=persistent,
+                persistent=persistent, heads_fastest=heads_fastest,
             )
             work = scheduler.initial_work_tile()
             if cutlass.const_expr(persistent):

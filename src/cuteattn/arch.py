@@ -16,6 +16,7 @@ class ArchCaps:
     wgmma: bool  # warpgroup MMA (the sm90 family)
     tma: bool
     smem_per_block: int  # opt-in shared memory per CTA, bytes
+    pdl: bool = False  # programmatic dependent launch (griddepcontrol): sm_90 and later
 
 
 # Shared memory per block (opt-in maximum) from the CUDA programming guide's table.
@@ -24,9 +25,9 @@ KNOWN_ARCHS = {
     (8, 6): ArchCaps("sm_86", True, True, False, False, 99 * 1024),
     (8, 7): ArchCaps("sm_87", True, True, False, False, 163 * 1024),
     (8, 9): ArchCaps("sm_89", True, True, False, False, 99 * 1024),
-    (9, 0): ArchCaps("sm_90a", True, True, True, True, 227 * 1024),
-    (12, 0): ArchCaps("sm_120a", True, True, False, True, 99 * 1024),
-    (12, 1): ArchCaps("sm_121a", True, True, False, True, 99 * 1024),
+    (9, 0): ArchCaps("sm_90a", True, True, True, True, 227 * 1024, pdl=True),
+    (12, 0): ArchCaps("sm_120a", True, True, False, True, 99 * 1024, pdl=True),
+    (12, 1): ArchCaps("sm_121a", True, True, False, True, 99 * 1024, pdl=True),
 }
 
 

@@ -68,6 +68,24 @@ from cuteattn.runtime.compile import (
 )
 
 
+# One dynamic tile counter per (device, stream): the kernels leave it zero (``_publish`` in
+# kernels/common/tile_scheduler.py), so calls on a stream share it (no zero fill per call).
+_TILE_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _tile_counter(device: torch.device) -> torch.Tensor:
+    """The zeroed int32 (1,) tile counter of the current stream. While a CUDA graph is being
+    captured, a fresh one: the zero fill of a counter made then is captured, not run, so it
+    could not serve the eager calls after."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    counter = _TILE_COUNTERS.get(key)
+    if counter is None:
+        counter = _TILE_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return counter
+
+
 @functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -192,7 +210,7 @@ def launch_forward(
         sink = sink.contiguous() if sink is not None else None
         tile_counter = None
         if get_family(plan.family).uses_tile_counter(plan):
-            tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+            tile_counter = _tile_counter(q.device)
         kernel(
             q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
             softmax_scale, _num_sms(q.device.index), tile_counter,
@@ -310,23 +328,26 @@ def launch_backward(
         f32 = dict(dtype=torch.float32, device=q.device)
         dpsum = torch.empty(batch, heads_q, rows, **f32)
         lse_log2 = torch.empty(batch, heads_q, rows, **f32)
-        # rowsum(dout * out): over the columns of v (dim_v).
-        preprocess = compile_backward_preprocess(plan.arch, plan.dtype, out.shape[3])
-        preprocess(validate.kernel_ready(out), dout, lse.contiguous(), lse_log2, dpsum, None, 0)
+        # Every fill before the preprocess: the main kernel runs as its dependent
+        # (programmatic dependent launch), so nothing may launch between the two.
         dq_accum = new_dq_accum(
             q, rows, *get_family(plan.family).dq_accum_chunks(plan), head_dim=plan.head_dim
         )
-        if dk is None:
-            dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        if dv is None:
-            dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        kernel = compile_backward(plan)
         semaphore = None
         if plan.option("deterministic", False):
             # Turn counters of the ordered dq accumulation, one per (batch, head, query tile).
             semaphore = torch.zeros(
                 batch, heads_q, rows // plan.tile_m, dtype=torch.int32, device=q.device
             )
+        if dk is None:
+            dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        if dv is None:
+            dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        out, lse = validate.kernel_ready(out), lse.contiguous()
+        kernel = compile_backward(plan)
+        # rowsum(dout * out): over the columns of v (dim_v).
+        preprocess = compile_backward_preprocess(plan.arch, plan.dtype, out.shape[3])
+        preprocess(out, dout, lse, lse_log2, dpsum, None, 0)
         kernel(
             q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, None, None, None, 0,
             softmax_scale,
@@ -562,13 +583,9 @@ def launch_varlen_backward(
         q4, k4, v4, out4, dout4 = (
             validate.kernel_ready(x.unsqueeze(0)) for x in (q, k, v, out, dout)
         )
-        preprocess = compile_backward_preprocess(
-            plan.arch, plan.dtype, out.shape[2], varlen_rows_tile=plan.tile_m
-        )
-        preprocess(
-            out4, dout4, lse.unsqueeze(0).contiguous(), lse_log2, dpsum, cu_seqlens_q,
-            max_seqlen_q,
-        )
+        lse3 = lse.unsqueeze(0).contiguous()
+        # Every fill before the preprocess: the main kernel runs as its dependent
+        # (programmatic dependent launch), so nothing may launch between the two.
         chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
         dq_accum = new_dq_accum(q4, rows, chunks, row_pad, head_dim=plan.head_dim)
         # The kernel writes every key row of every sequence up to its keys used: only
@@ -583,7 +600,12 @@ def launch_varlen_backward(
                 num_seqs, heads_q, -(-max_seqlen_q // plan.tile_m), dtype=torch.int32,
                 device=q.device,
             )
-        compile_backward(plan)(
+        kernel = compile_backward(plan)
+        preprocess = compile_backward_preprocess(
+            plan.arch, plan.dtype, out.shape[2], varlen_rows_tile=plan.tile_m
+        )
+        preprocess(out4, dout4, lse3, lse_log2, dpsum, cu_seqlens_q, max_seqlen_q)
+        kernel(
             q4, k4, v4, dout4, lse_log2, dpsum, dq_accum, dk.unsqueeze(0), dv.unsqueeze(0),
             semaphore, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_k, softmax_scale,
         )

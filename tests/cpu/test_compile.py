@@ -138,8 +138,8 @@ def test_backward_compiles_full_matrix(case):
 @pytest.mark.parametrize("arch", TARGETS)
 def test_backward_preprocess_and_postprocess_compile(arch):
     """The preprocess per dim; the dq postprocess of fixed-length batches for each dq_accum
-    layout the families use (sm80: one plain chunk; sm90: 2 or 4 chunks with padded rows, one
-    with a padded head dim)."""
+    layout the families use: plain rows in one chunk, padded rows in chunks (the sm90 wide
+    backward's), a padded head dim, and the sm80 and sm90 backwards' fragment orders."""
     from cuteattn.runtime.compile import compile_backward_preprocess, compile_dq_postprocess
 
     name = arch_from_name(arch).name
@@ -163,6 +163,17 @@ def test_backward_preprocess_and_postprocess_compile(arch):
             name, "bf16", head_dim, plan.head_dim, 1, 0,
             fragment_order=sm80.dq_accum_fragment_order(plan),
         ), plan
+    # The sm90 backward's (d64 / d96 / d128, every tile it offers; 40: padded to 64).
+    if get_family("sm90").supports(arch_from_name(arch)):
+        from cuteattn.kernels.sm90.family import BACKWARD_TILES, backward_dq_chunks
+
+        for head_dim, kernel_dim in ((40, 64), (64, 64), (96, 96), (128, 128)):
+            for tile_m, _, _ in BACKWARD_TILES[kernel_dim]:
+                chunks, row_pad = backward_dq_chunks(kernel_dim, tile_m)
+                assert compile_dq_postprocess(
+                    name, "bf16", head_dim, kernel_dim, chunks, row_pad,
+                    fragment_order=("sm90", tile_m),
+                ), (head_dim, tile_m)
 
 
 @pytest.mark.compile
@@ -421,20 +432,24 @@ def test_dim_v_compiles(case):
     assert compile_backward_preprocess(backward.arch, dtype, 128) is not None
 
 
-# Persistent sm90 forwards whose O takes Q's buffer (no room for one of its own: d192, d256),
-# fixed-length and packed; not the planner's choice today, tuned by scripts/tune_sm90.py.
+# Persistent sm90 forwards with no room for an O buffer of their own (d192, d256), fixed-length
+# and packed: O in V's stages (the planner's tiles), or in Q's buffer (d256 with one stage of
+# 112 keys: the only tiles left where V's stages are too small).
 SHARED_O_CASES = (
-    (192, True, False, None), (256, False, False, None), (256, True, True, None),
-    (256, False, False, (300, 0)),
+    (192, True, False, None, "v"), (256, False, False, None, "v"), (256, True, True, None, "v"),
+    (256, False, False, (300, 0), "v"), (256, False, True, None, "q"),
+    (256, True, False, None, "q"),
 )
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("case", SHARED_O_CASES, ids=lambda c: f"sm90-sm_90a-d{c[0]}-shared-o")
-def test_persistent_forward_with_o_in_q_buffer_compiles(case):
+@pytest.mark.parametrize(
+    "case", SHARED_O_CASES, ids=lambda c: f"sm90-sm_90a-d{c[0]}-o-in-{c[4]}"
+)
+def test_persistent_forward_without_an_o_buffer_compiles(case):
     from cuteattn.kernels.sm90 import tiling
 
-    head_dim, causal, varlen, window = case
+    head_dim, causal, varlen, window, o_buffer = case
     arch = arch_from_name("sm_90a")
     problem = Problem(
         batch=3, seqlen_q=1500, seqlen_k=700, heads_q=8, heads_kv=2, head_dim=head_dim,
@@ -444,8 +459,11 @@ def test_persistent_forward_with_o_in_q_buffer_compiles(case):
     plan = plan_forward(problem, family="sm90")
     options = tuple((name, True if name == "persistent" else v) for name, v in plan.options)
     plan = dataclasses.replace(plan, options=options)
+    if o_buffer == "q":
+        plan = dataclasses.replace(plan, tile_n=112, num_stages=1)
     assert get_family("sm90").can_implement(plan, arch), plan
     assert not tiling.separate_o_fits(
         head_dim, plan.tile_m, plan.tile_n, plan.num_stages, arch.smem_per_block
     )
+    assert tiling.o_in_v_fits(plan.tile_m, plan.tile_n, plan.num_stages) == (o_buffer == "v")
     assert compile_forward(plan) is not None, plan

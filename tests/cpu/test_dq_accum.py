@@ -1,6 +1,7 @@
 """The backward's fp32 dq accumulator layouts (CPU; the postprocess kernel that reads them:
 tests/gpu/test_dq_postprocess.py)."""
 
+import pytest
 import torch
 
 from cuteattn.ops import new_dq_accum
@@ -28,9 +29,35 @@ def test_sm90_backward_tiles_fit_shared_memory():
 
     capacity = arch_from_name("sm_90a").smem_per_block
     assert backward_dq_chunks(128, 80) == (2, 0)
-    assert backward_dq_chunks(64, 128) == (1, 8) and backward_dq_chunks(64, 64) == (2, 8)
+    assert backward_dq_chunks(64, 128) == (1, 0) and backward_dq_chunks(64, 64) == (2, 0)
+    assert backward_dq_chunks(96, 64) == (1, 0) and backward_dq_chunks(256, 64) == (4, 8)
     for head_dim, tiles in BACKWARD_TILES.items():
         for tile_m, tile_n, stages in tiles:
             chunks, pad = backward_dq_chunks(head_dim, tile_m)
             assert (head_dim // chunks + pad) * 4 % 16 == 0
             assert backward_smem_bytes(head_dim, tile_m, tile_n, stages) <= capacity
+
+
+def test_sm90_fragment_order_geometry():
+    """The sm90 backward's dQ in fragment order (``kernels/sm90/dq_fragments.py``): for every
+    tile it offers up to d128, the warpgroups' blocks cover the query tile exactly once (split
+    by keys: both add the whole tile into one block), each thread's share is whole 16-byte
+    vectors, and the blocks are the unpadded (rows, chunk) regions of dq_accum the postprocess
+    reads."""
+    pytest.importorskip("cutlass")
+    from cuteattn.kernels.sm90.dq_fragments import THREADS, VECTOR, DqSplit
+    from cuteattn.kernels.sm90.family import BACKWARD_TILES, backward_dq_chunks
+
+    for head_dim in (64, 96, 128):
+        for tile_m, _, _ in BACKWARD_TILES[head_dim]:
+            split = DqSplit(head_dim, tile_m)
+            chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
+            assert row_pad == 0
+            block = split.buffer_rows * split.chunk_cols
+            assert block % (THREADS * VECTOR) == 0, (head_dim, tile_m)
+            by_keys = not (split.by_dim or split.by_rows)
+            assert split.blocks * block == tile_m * head_dim, (head_dim, tile_m)
+            assert by_keys == (split.blocks == 1 and chunks == 1 and not split.by_rows)
+            assert split.transposed == (tile_m % 64 != 0)
+            rows, cols = split.tile()
+            assert rows * cols == (tile_m * head_dim if split.by_dim else block)

@@ -296,7 +296,7 @@ GOLDEN = {
         causal=True, persistent=True, dynamic=True
     ),
     ("sm_90a", 128, True, "bf16", None, 16384): sm90_plan(causal=True, persistent=True),
-    # d192 / d256: persistent with O in Q's buffer; short queries take the narrower key tiles.
+    # d192 / d256: persistent with O in V's stages; short queries take the narrower key tiles.
     ("sm_90a", 192, False, "bf16", None, 1000): sm90_plan(
         head_dim=192, tile_n=96, pingpong=False, persistent=True
     ),
@@ -540,7 +540,8 @@ def test_softcap_forward_plans_share_exponentials_with_the_fma_pipe(monkeypatch)
 
 
 def test_dynamic_tile_counter_only_for_persistent_fixed_length_causal_or_window_forwards():
-    """The sm90 family hands out work tiles from a counter (the caller zeroes one per call)
+    """The sm90 family hands out work tiles from a counter (one per stream, left zero by each
+    launch)
     exactly where tiles differ in work and the kernel is persistent over a fixed-length batch."""
     sm90, sm80 = get_family("sm90"), get_family("sm80")
     causal = plan_forward(problem(causal=True))

@@ -200,8 +200,8 @@ def test_varlen_decoder_compiles_to_one_warp_scan(longest_first, persistent, tmp
 
 
 def test_dynamic_scheduler_probe_compiles_with_its_barriers(tmp_path):
-    """The producer draws with one atomic per tile and passes the index through named barriers
-    8 (full) and 9 (empty)."""
+    """The producer draws with one atomic per tile (and one more, the last drawer's, taking the
+    tickets back) and passes the index through named barriers 8 (full) and 9 (empty)."""
     fn = compile_dynamic_visit_counter(longest_first=True, dump_dir=tmp_path)
     body = fn.__ptx__.split(".entry", 1)[1]
     assert "atom.global.add" in body

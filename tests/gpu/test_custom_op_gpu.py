@@ -66,3 +66,29 @@ def test_cuda_graph_replays_a_warmed_up_call():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+def test_tile_counter_survives_graph_replays_streams_and_eager_calls():
+    """A causal forward hands out its tiles from a counter that each launch leaves zero (one
+    per stream): replays of a captured call, eager calls after the capture and a call on
+    another stream all give the same bits."""
+    q, k, v = _qkv(seqlen_q=1000, seqlen_k=1000)
+    expected, expected_lse = _attention(q, k, v, True)
+    out = torch.empty_like(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = _attention(q, k, v, True, out)
+    for _ in range(2):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    for _ in range(2):
+        again, again_lse = _attention(q, k, v, True)
+        assert torch.equal(again, expected) and torch.equal(again_lse, expected_lse)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        other, other_lse = _attention(q, k, v, True)
+    torch.cuda.synchronize()
+    assert torch.equal(other, expected) and torch.equal(other_lse, expected_lse)

@@ -13,8 +13,8 @@ from cuteattn.runtime.compile import compile_dq_postprocess
 
 pytestmark = pytest.mark.gpu
 
-# (kernel_dim, dim, chunks, row_pad): sm80 (one plain chunk), sm90 (2 or 4 chunks of padded rows,
-# d96's one, the wide d192's 3), padded head dims.
+# (kernel_dim, dim, chunks, row_pad): plain rows in one or more chunks, padded rows (the sm90
+# wide backward's: d256's 4 chunks, d192's 3), padded head dims. (Fragment orders below.)
 LAYOUTS = (
     (128, 128, 2, 8), (96, 96, 1, 8), (64, 40, 2, 8), (256, 256, 4, 8), (64, 64, 1, 0),
     (256, 200, 1, 0), (192, 192, 3, 8), (64, 8, 2, 8), (64, 16, 1, 0),
@@ -52,19 +52,19 @@ def test_dq_from_accum_into_a_caller_buffer(strided):
     one element into its storage: not kernel-addressable, filled through a copy)."""
     from cuteattn.plan import Problem, get_family, plan_backward
 
-    batch, seqlen_q, heads, dim = 2, 100, 4, 128
+    # The sm90 wide backward (d256) adds dq in padded rows; up to d128 both families add it in
+    # fragment order (test_fragment_order_postprocess_* cover that): the accumulator below is
+    # row-major.
+    arch = device_arch(torch.device("cuda"))
+    batch, seqlen_q, heads, dim = 2, 100, 4, 256 if arch.wgmma else 128
     q = torch.randn(batch, seqlen_q, heads, dim, device="cuda", dtype=torch.bfloat16)
     problem = Problem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_q, heads_q=heads, heads_kv=heads,
-        head_dim=dim, head_dim_v=dim, dtype="bf16", causal=False, arch=device_arch(q.device),
+        head_dim=dim, head_dim_v=dim, dtype="bf16", causal=False, arch=arch,
     )
     plan = plan_backward(problem)
     if get_family(plan.family).dq_accum_fragment_order(plan) is not None:
-        # Rows in fragment order (the sm80 family's, the planner's below Hopper): the
-        # accumulator below is row-major; test_fragment_order_postprocess_* cover that order.
-        plan = plan_backward(problem, family="sm90") if problem.arch.wgmma else None
-        if plan is None:
-            pytest.skip("a row-major accumulator needs a family that adds dq in rows")
+        pytest.skip("a row-major accumulator needs a family that adds dq in rows")
     chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
     rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
     accum = torch.randn(batch, heads, chunks, rows, dim // chunks + row_pad, device="cuda")
@@ -179,42 +179,51 @@ def test_varlen_gradients_from_recycled_memory(family):
     )
 
 
-# The sm80 backward's fragment order: (head_dim, kernel_dim, tile_m, threads, warps_dq).
+# The backwards' fragment orders: (head_dim, kernel_dim, tile_m, dq_accum's chunks, the
+# family's layout): sm80's (tile_m, threads, warps_dq); sm90's (tile_m): split by rows (d64
+# 128-row tiles), by columns (d64 / d128 64-row tiles), by keys (d96), transposed (d128 80 rows).
 FRAGMENT_LAYOUTS = (
-    (64, 64, 128, 256, (2, 4)), (128, 128, 64, 256, (2, 4)), (256, 256, 64, 256, (2, 4)),
-    (40, 64, 128, 256, (2, 4)), (96, 96, 64, 128, (2, 2)),
+    (64, 64, 128, 1, ("sm80", 128, 256, (2, 4))), (128, 128, 64, 1, ("sm80", 64, 256, (2, 4))),
+    (256, 256, 64, 1, ("sm80", 64, 256, (2, 4))), (40, 64, 128, 1, ("sm80", 128, 256, (2, 4))),
+    (96, 96, 64, 1, ("sm80", 64, 128, (2, 2))),
+    (64, 64, 128, 1, ("sm90", 128)), (64, 64, 64, 2, ("sm90", 64)), (96, 96, 64, 1, ("sm90", 64)),
+    (128, 128, 64, 2, ("sm90", 64)), (128, 128, 80, 2, ("sm90", 80)),
+    (40, 64, 128, 1, ("sm90", 128)),
 )
 
 
-@pytest.mark.parametrize("dim,kernel_dim,tile,threads,warps", FRAGMENT_LAYOUTS, ids=str)
+@pytest.mark.parametrize("dim,kernel_dim,tile,chunks,layout", FRAGMENT_LAYOUTS, ids=str)
 @pytest.mark.parametrize("packed", (False, True))
 def test_fragment_order_postprocess_permutes_each_query_tile(
-    dim, kernel_dim, tile, threads, warps, packed
+    dim, kernel_dim, tile, chunks, layout, packed
 ):
-    """dq_accum in fragment order (``kernels/sm80/dq_postprocess.py``): each whole query tile of
-    dq holds exactly its accumulator block's values, scaled (a permutation: every value once,
-    none from another tile; a padded head dim: a subset). The backward tests check the order
-    against the MMA's (dq against the reference)."""
+    """dq_accum in fragment order (``kernels/sm80/dq_postprocess.py``,
+    ``kernels/sm90/dq_postprocess.py``): each whole query tile of dq holds exactly its
+    accumulator rows' values (every chunk's), scaled (a permutation: every value once, none from
+    another tile; a padded head dim: a subset). The backward tests check the order against the
+    MMA's (dq against the reference)."""
+    arch = device_arch(torch.device("cuda"))
+    if layout[0] == "sm90" and not arch.wgmma:
+        pytest.skip("the sm90 backward's layout needs a Hopper GPU")
     heads = 2
     # Packed: the last sequence the shortest (the grid's tiles past it must not read past the
     # accumulator).
     lengths = [2 * tile, 0, tile, 3 * tile, tile // 2] if packed else [3 * tile] * 2
-    arch = device_arch(torch.device("cuda")).name
+    chunk_dim = kernel_dim // chunks
     if packed:
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
                           device="cuda")
         rows = ops.padded_rows(sum(lengths), len(lengths), tile)
-        accum = torch.randn(1, heads, 1, rows, kernel_dim, device="cuda")
+        accum = torch.randn(1, heads, chunks, rows, chunk_dim, device="cuda")
     else:
         cu = None
         rows = lengths[0]
-        accum = torch.randn(len(lengths), heads, 1, rows, kernel_dim, device="cuda")
-    blocks = accum.view(accum.shape[0], heads, -1, tile * kernel_dim)
+        accum = torch.randn(len(lengths), heads, chunks, rows, chunk_dim, device="cuda")
     dq_shape = (sum(lengths), heads, dim) if packed else (len(lengths), rows, heads, dim)
     dq = torch.full(dq_shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     postprocess = compile_dq_postprocess(
-        arch, "bf16", dim, kernel_dim, 1, 0, tile if packed else 0,
-        fragment_order=("sm80", tile, threads, warps),
+        arch.name, "bf16", dim, kernel_dim, chunks, 0, tile if packed else 0,
+        fragment_order=layout,
     )
     target = dq.unsqueeze(0) if packed else dq
     postprocess(accum, target, cu, max(lengths), 1.0, None, None, None)
@@ -224,16 +233,16 @@ def test_fragment_order_postprocess_permutes_each_query_tile(
     for b, length in enumerate(lengths):
         for m in range(length // tile):
             if packed:
-                first = (starts[b] + b * tile) // tile * tile
-                block = blocks[0, :, first // tile + m]
+                first = (starts[b] + b * tile) // tile * tile + m * tile
+                block = accum[0, :, :, first:first + tile]
                 got = dq[starts[b] + m * tile:starts[b] + (m + 1) * tile]
             else:
-                block = blocks[b, :, m]
+                block = accum[b, :, :, m * tile:(m + 1) * tile]
                 got = dq[b, m * tile:(m + 1) * tile]
             for h in range(heads):
                 values = got[:, h].float().flatten().sort().values
                 if dim == kernel_dim:
-                    want = block[h].bfloat16().float().sort().values
+                    want = block[h].flatten().bfloat16().float().sort().values
                     assert torch.equal(values, want)
                 else:
                     # A padded head dim: dq's columns take a subset of the block's values.

@@ -103,7 +103,8 @@ def test_dynamic_scheduler_hands_out_every_tile_once(
 ):
     """``DynamicTileScheduler``: the producer warp's walk and the consumer warp's (which gets
     each index through shared memory) both visit every work tile exactly once, the CTAs
-    together; the counter ends at the number of tiles (every draw, one failing per CTA)."""
+    together, twice in a row on one counter: the counter is zero again after each launch (the
+    CTA that draws the last ticket takes all of them back)."""
     from scheduler_probe import compile_dynamic_visit_counter
 
     from cuteattn.runtime.arch import device_arch
@@ -114,10 +115,11 @@ def test_dynamic_scheduler_hands_out_every_tile_once(
         _cache[key] = compile_dynamic_visit_counter(longest_first=longest_first, arch=arch)
     visits = torch.zeros(2, m_blocks, heads, batches, dtype=torch.int32, device="cuda")
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    _cache[key](visits, max_ctas, heads_per_section, counter)
-    torch.cuda.synchronize()
-    assert torch.all(visits == 1), f"visit counts {visits.unique(return_counts=True)}"
-    assert counter.item() == m_blocks * heads * batches
+    for launch in (1, 2):
+        _cache[key](visits, max_ctas, heads_per_section, counter)
+        torch.cuda.synchronize()
+        assert torch.all(visits == launch), f"visit counts {visits.unique(return_counts=True)}"
+        assert counter.item() == 0
 
 
 # Zero-length sequences, one tile, more sequences than a warp's 32 (the scan takes passes), and
@@ -132,15 +134,18 @@ VARLEN_LENGTHS = [
 ]
 
 
+@pytest.mark.parametrize("heads_fastest", (False, True))
 @pytest.mark.parametrize("longest_first", (False, True))
 @pytest.mark.parametrize("tile", (64, 128))
 @pytest.mark.parametrize("heads", (1, 3))
 @pytest.mark.parametrize("lengths", VARLEN_LENGTHS, ids=lambda lengths: f"{len(lengths)}seqs")
-def test_varlen_scheduler_decodes_the_tile_order(lengths, heads, tile, longest_first):
-    """CTA i decodes the i-th work tile of ``varlen_tile_order``; the CTAs past the last one
-    get the tile just past the last sequence's end, head 0, flagged invalid. The packed tensor
-    may hold rows past the last sequence; the grid is the smaller of the two bounds
-    (``make_varlen_tile_counts``), the longest sequence's passed as given or larger."""
+def test_varlen_scheduler_decodes_the_tile_order(
+    lengths, heads, tile, longest_first, heads_fastest
+):
+    """CTA i decodes the i-th work tile of ``varlen_tile_order`` (either order); the CTAs past
+    the last one get the tile just past the last sequence's end, head 0, flagged invalid. The
+    packed tensor may hold rows past the last sequence; the grid is the smaller of the two
+    bounds (``make_varlen_tile_counts``), the longest sequence's passed as given or larger."""
     import itertools
 
     from scheduler_probe import compile_varlen_decoder
@@ -148,12 +153,14 @@ def test_varlen_scheduler_decodes_the_tile_order(lengths, heads, tile, longest_f
     from cuteattn.kernels.common.tile_scheduler import varlen_tile_order
     from cuteattn.runtime.arch import device_arch
 
-    key = ("varlen", tile, longest_first)
+    key = ("varlen", tile, longest_first, heads_fastest)
     if key not in _cache:
         arch = device_arch(torch.device("cuda")).name
-        _cache[key] = compile_varlen_decoder(tile=tile, longest_first=longest_first, arch=arch)
+        _cache[key] = compile_varlen_decoder(
+            tile=tile, longest_first=longest_first, heads_fastest=heads_fastest, arch=arch
+        )
     total_rows = sum(lengths) + 3
-    order = varlen_tile_order(lengths, tile, heads, longest_first)
+    order = varlen_tile_order(lengths, tile, heads, longest_first, heads_fastest=heads_fastest)
     for max_length in (max(lengths), max(lengths) + 2 * tile):
         loose = (total_rows + len(lengths) * (tile - 1)) // tile
         bound = min(loose, len(lengths) * -(-max_length // tile))

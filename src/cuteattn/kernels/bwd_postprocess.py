@@ -21,6 +21,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.common.smem_tiles import smem_tile_atom
 
 THREADS = 128
 COLUMNS_PER_THREAD = 8
@@ -58,8 +59,11 @@ class DqPostprocess:
         # Threads per row: one per 8 of dq's columns, rounded up to a power of two that divides
         # the CTA (the threads past dq's columns idle), at least threads / rows: a pass then
         # covers at most the CTA's rows (head_dim 8 would otherwise get no pass at all).
-        threads_per_row = max(self.threads // self.rows_per_cta, 1)
-        while threads_per_row * COLUMNS_PER_THREAD < head_dim:
+        threads_per_row = 1
+        while (
+            threads_per_row * self.rows_per_cta < self.threads
+            or threads_per_row * COLUMNS_PER_THREAD < head_dim
+        ):
             threads_per_row *= 2
         self.threads_per_row = threads_per_row
 
@@ -90,6 +94,23 @@ class DqPostprocess:
 
     def smem_bytes(self) -> int:
         return 0
+
+    def smem_tile(self, swizzled_pointer: bool = False) -> tuple:
+        """(tile, atom): a (rows_per_cta, kernel_dim) tile of dq's dtype in shared memory,
+        swizzled for 16-byte row copies (``smem_tile_atom``), for the subclasses that stage dq
+        there (``smem_bytes`` must cover it). ``swizzled_pointer``: the swizzle carried by the
+        pointer and a plain layout (views such as a transposed one compose only with that)."""
+        atom = smem_tile_atom(self.dtype, self.kernel_dim)
+        layout = cute.tile_to_shape(atom, (self.rows_per_cta, self.kernel_dim), (0, 1))
+
+        @cute.struct
+        class SharedStorage:
+            tile: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(layout)], 128]
+
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        if swizzled_pointer:
+            return storage.tile.get_tensor(layout.outer, swizzle=layout.inner), atom
+        return storage.tile.get_tensor(layout), atom
 
     @cute.kernel
     def kernel(

@@ -31,12 +31,18 @@ ROWS_PER_CTA = 64
 
 
 class BackwardPreprocess:
-    def __init__(self, *, dtype: type[cutlass.Numeric], head_dim: int, varlen_rows_tile: int = 0):
+    def __init__(
+        self, *, dtype: type[cutlass.Numeric], head_dim: int, varlen_rows_tile: int = 0,
+        launches_dependents: bool = False,
+    ):
+        """launches_dependents (sm_90 and later): let a kernel launched as this one's
+        dependent (programmatic dependent launch: the sm90 backward) start early."""
         if head_dim % THREADS_PER_ROW:
             raise ValueError(f"head_dim must be a multiple of {THREADS_PER_ROW}, got {head_dim}")
         self.dtype = dtype
         self.head_dim = head_dim
         self.varlen_rows_tile = varlen_rows_tile
+        self.launches_dependents = launches_dependents
 
     @cute.jit
     def __call__(
@@ -75,6 +81,10 @@ class BackwardPreprocess:
         mDpsum: cute.Tensor,
         mCuSeqlensQ: cute.Tensor | None,
     ):
+        if cutlass.const_expr(self.launches_dependents):
+            # The main kernel (launched as this one's dependent) may start once every CTA
+            # here has started: its CTAs load K and V, then wait for this grid to complete.
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         row_block, head, batch = cute.arch.block_idx()
         seqlen_q = mO.shape[1]

@@ -70,7 +70,8 @@ def compile_backward_preprocess(arch: str, dtype: str, head_dim: int, varlen_row
         from cuteattn.kernels.common.compile_args import dsl_dtype
 
         kernel = BackwardPreprocess(
-            dtype=dsl_dtype(dtype), head_dim=head_dim, varlen_rows_tile=varlen_rows_tile
+            dtype=dsl_dtype(dtype), head_dim=head_dim, varlen_rows_tile=varlen_rows_tile,
+            launches_dependents=arch_from_name(arch).pdl,
         )
         return kernel, preprocess_fake_args(
             dsl_dtype(dtype), head_dim, varlen=varlen_rows_tile > 0

@@ -61,6 +61,23 @@ def store_o(
     cute.copy(smem_copy_atom, smem_thr_store.retile(rO), smem_thr_store.partition_D(sO))
     sync()
 
+    store_rows(sO, gO, rows_left, gmem_tiled_copy=gmem_tiled_copy, tidx=tidx, columns=columns)
+
+
+@cute.jit
+def store_rows(
+    sO: cute.Tensor,
+    gO: cute.Tensor,
+    rows_left: Int32,
+    *,
+    gmem_tiled_copy: cute.TiledCopy,
+    tidx: Int32,
+    columns: cutlass.Constexpr = None,
+):
+    """A (tile_m, head_dim) shared tile -> gO in whole 16-byte row chunks, rows at or past
+    ``rows_left`` skipped (``store_o``'s second half; the caller has synchronised the threads
+    that wrote sO)."""
+    dtype = gO.element_type
     gmem_thr_store = gmem_tiled_copy.get_slice(tidx)
     tOsO = gmem_thr_store.partition_S(sO)
     tOgO = gmem_thr_store.partition_D(gO)

@@ -18,8 +18,9 @@ stores turn + 1.
 Waiting never deadlocks as long as the key tile that goes first at a query tile was dispatched
 first: ``key_tile_of_block`` maps the grid's fastest dimension to key tiles in turn order (the
 CTAs of one head and batch are dispatched in that order); a packed (varlen) batch's
-``VarlenTileScheduler`` numbers each (sequence, KV head)'s key tiles consecutively, in the same
-order.
+``VarlenTileScheduler`` numbers each (sequence, KV head)'s key tiles in the same order
+(consecutively, or, heads fastest, with the sequence's other heads' tiles between them, which
+changes nothing).
 """
 
 import cutlass

@@ -13,7 +13,7 @@ from cutlass import Float32, Int32
 from cuteattn.kernels.bwd_postprocess import DqPostprocess
 from cuteattn.kernels.common.epilogue import store_o
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
-from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom
+from cuteattn.kernels.common.smem_tiles import gmem_row_copies
 from cuteattn.kernels.sm80.fragments import warp_grid_mma
 
 
@@ -57,20 +57,11 @@ class FragmentDqPostprocess(DqPostprocess):
         for i in cutlass.range_constexpr(cute.size(acc_dQ)):
             acc_dQ[i] = accum[i * self.threads + tidx] * softmax_scale
 
-        tile_atom = smem_tile_atom(self.dtype, self.kernel_dim)
-        sdQ_layout = cute.tile_to_shape(tile_atom, tile, (0, 1))
-
-        @cute.struct
-        class SharedStorage:
-            sdQ: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sdQ_layout)], 128
-            ]
-
-        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sdQ, tile_atom = self.smem_tile()
         dq_rows = seqlen.rows(mdQ, batch, head, keys=False, packed=packed)
         store_o(
             acc_dQ,
-            storage.sdQ.get_tensor(sdQ_layout),
+            sdQ,
             cute.local_tile(dq_rows, tile, (row_block, 0)),
             seqlen.seqlen_q - row_block * self.rows_per_cta,
             tiled_mma=tiled_mma,

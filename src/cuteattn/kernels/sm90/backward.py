@@ -13,9 +13,12 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
     step's dQ from shared memory to dq_accum with one bulk reduction (cp.reduce.async.bulk) per
     warpgroup share: L2 takes whole lines instead of one fp32 atomic per element, and the
     consumers only wait for the buffer, never for global memory. dq_accum is laid out for it:
-    (batch, heads, chunks, rows, chunk dim + 8 floats), a chunk per warpgroup share of the
-    columns, so that each share of a query tile is one contiguous block (family.py
-    ``dq_accum_chunks``; the postprocess reads the padded view).
+    (batch, heads, chunks, rows, chunk dim), a chunk per warpgroup share of the columns, so
+    that each share of a query tile is one contiguous block (family.py ``dq_accum_chunks``),
+    which holds the share in the fragment order of the dQ GEMM's accumulator (FlashAttention-4's
+    layout: thread t's values 4i..4i+3 at floats (128 i + t) * 4 of its warpgroup's buffer, so
+    that each warp stores 512 contiguous bytes, without bank conflicts or row padding; the
+    postprocess, ``kernels/sm90/dq_postprocess.py``, puts them back in rows).
   - warpgroups 1 and 2, the consumers: each owns 64 of the tile's keys, with its dK and dV
     rows in registers. Per step, keys along M ("swapped" GEMMs, as FlashAttention-3):
       1. S^T = K Q^T and dP^T = V dO^T (WGMMA, operands in shared memory);
@@ -27,8 +30,9 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
          MN-major from shared memory;
       4. dS^T to shared memory (stmatrix, two buffers so the next step never waits for this
          one's readers); dQ = dS K (A = dS, B = K^T, both MN-major from shared memory) to the
-         dQ buffer for warp 1. d64 / d128: the two warpgroups split dQ's columns (32 / 64
-         each, one swizzle atom of K: ``k_smem_layout``), meeting on a 256-thread barrier, one
+         dQ buffer for warp 1, in fragment order. d64 / d128: the two warpgroups split dQ's
+         columns (32 / 64 each, one swizzle atom of K: ``k_smem_layout``), meeting on a
+         256-thread barrier, one
          add per element; d64's 128-row query tiles split the rows instead (each warpgroup
          its 64 queries, every column, same barrier); d96, whose half is not a whole swizzle
          atom: each warpgroup computes its own keys' share of every column into its own
@@ -72,7 +76,11 @@ from cuteattn.kernels.common.tile_scheduler import (
     VarlenTileScheduler,
     make_varlen_tile_counts,
 )
-from cuteattn.kernels.sm90.family import backward_dq_chunks, backward_dq_splits_rows
+from cuteattn.kernels.sm90.family import (
+    backward_dq_chunks,
+    backward_dq_splits_rows,
+)
+from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
 from cuteattn.kernels.sm90.smem import permuted, smem_layout, zero_rows_from
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
 
@@ -117,8 +125,8 @@ class FlashBackwardSm90(AttentionKernel):
         # two: half the L2 reduction traffic) and its rows in 128-row ones (each warpgroup its
         # 64 queries: m64n64 WGMMAs, and K keeps its full-width swizzle), d96 cannot (48
         # columns are no whole swizzle atom).
-        # Each consumer warpgroup's share goes through a (tile_m, dq_chunk_cols) buffer with
-        # padded rows, as dq_accum's chunks are.
+        # Each consumer warpgroup's share goes through a (tile_m, dq_chunk_cols) buffer, as
+        # dq_accum's chunks hold it: in fragment order, or (wide kernels) in padded rows.
         chunks, row_pad = backward_dq_chunks(self.head_dim, self.tile_m)
         # 128-row query tiles: each warpgroup its 64 queries' dQ, every column.
         self.dq_split_rows = backward_dq_splits_rows(self.head_dim, self.tile_m)
@@ -175,21 +183,8 @@ class FlashBackwardSm90(AttentionKernel):
             atom_layout_mnk=(NUM_CONSUMER_WGS, 1, 1), tiler_mn=(64, self.head_dim),
             a_source=warpgroup.OperandSource.RMEM,
         )
-        # dQ = dS K, A = dS and B = K^T both MN-major: the warpgroups split dim (k over all
-        # keys), or each takes its own keys' share of (queries, dim) (k over 64 keys).
-        # Split by rows, each warpgroup runs its own (64 queries, dim) GEMM (k over all keys).
-        tiled_mma_dq = hopper.make_trivial_tiled_mma(
-            self.dtype, self.dtype, mn_major, mn_major, Float32,
-            atom_layout_mnk=(1, NUM_CONSUMER_WGS if self.dq_split_dim else 1, 1),
-            tiler_mn=(64, self.dq_chunk_cols),
-        )
-        if cutlass.const_expr(self.dq_transposed):
-            # dQ^T = K^T dS^T: A = K^T (dim x keys), B = dS (queries x keys), both MN-major;
-            # each warpgroup takes its chunk of dim along M.
-            tiled_mma_dq = hopper.make_trivial_tiled_mma(
-                self.dtype, self.dtype, mn_major, mn_major, Float32,
-                atom_layout_mnk=(NUM_CONSUMER_WGS, 1, 1), tiler_mn=(64, self.tile_m),
-            )
+        # dQ = dS K (dQ^T = K^T dS^T where transposed): ``DqSplit.tiled_mma``.
+        tiled_mma_dq = DqSplit(self.head_dim, self.tile_m).tiled_mma(self.dtype)
         return tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
 
     @cute.jit
@@ -240,24 +235,15 @@ class FlashBackwardSm90(AttentionKernel):
         sPdS_layout = self.pds_layout()
         # lse and dpsum of a step's queries, one per Q / dO stage.
         sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
-        # (tile_m, (chunk cols, warpgroup)): split by dim, the two buffers side by side are the
-        # (tile_m, head_dim) tile of dQ.
-        # Split by rows: (64, (dim, warpgroup)), each buffer a warpgroup's half of the rows.
+        # A buffer per warpgroup, (rows, (chunk cols, warpgroup)): the wide kernels' padded
+        # rows (split by dim, the two buffers side by side are the (tile_m, head_dim) tile of
+        # dQ); in fragment order the same bytes hold each buffer's flat block.
         sdQ_layout = cute.make_layout(
             (self.dq_buffer_rows, (self.dq_chunk_cols, NUM_CONSUMER_WGS)),
             stride=(self.dq_row, (1, self.dq_buffer_rows * self.dq_row)),
         )
-        sdQ_swizzled = None
-        # Whole padded rows: each bulk reduction reads its buffer's last row's pad too.
+        # Wide kernels' whole padded rows: each bulk reduction reads its last row's pad too.
         sdQ_elems = NUM_CONSUMER_WGS * self.dq_buffer_rows * self.dq_row
-        if cutlass.const_expr(self.dq_transposed):
-            # (tile_m, chunk cols, warpgroup), each buffer 128-byte swizzled: a warp's stores of
-            # dQ^T (8 dims x 4 query pairs) then meet no bank conflict (unswizzled rows of 64
-            # floats: 4-way), and a TMA reduction adds it, unswizzling on the way.
-            sdQ_swizzled = smem_layout(
-                Float32, self.tile_m, self.dq_chunk_cols, NUM_CONSUMER_WGS
-            )
-            sdQ_elems = cute.cosize(sdQ_swizzled)
 
         @cute.struct
         class SharedStorage:
@@ -302,14 +288,6 @@ class FlashBackwardSm90(AttentionKernel):
         tma_atom_dv, tma_dv = cpasync.make_tiled_tma_atom(
             tma_store, tdV, sV_layout, (self.tile_n, self.head_dim_v)
         )
-        tma_atom_dq, tma_dq = None, None
-        if cutlass.const_expr(self.dq_transposed):
-            # dq_accum as (rows, chunk cols, chunk, heads, batch); a warpgroup's buffer per box.
-            tdQaccum = permuted(mdQaccum, [3, 4, 2, 1, 0])
-            tma_atom_dq, tma_dq = cpasync.make_tiled_tma_atom(
-                cpasync.CopyReduceBulkTensorTileS2GOp(cpasync.ReductionOp.ADD), tdQaccum,
-                cute.select(sdQ_swizzled, mode=[0, 1]), (self.tile_m, self.dq_chunk_cols),
-            )
         # Q with its lse, dO with its dpsum; K and V on one barrier.
         q_tile_bytes = cute.size_in_bytes(self.dtype, q_stage_layout) + self.tile_m * 4
         do_tile_bytes = cute.size_in_bytes(self.dtype, do_stage_layout) + self.tile_m * 4
@@ -322,10 +300,10 @@ class FlashBackwardSm90(AttentionKernel):
         self.kernel(
             mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
             mCuSeqlensQ, mCuSeqlensK, mSequsedK, tile_counts,
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_dq,
-            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv,
+            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
             capping.exp2_scale(softmax_scale, self.softcap), softmax_scale,
-            sQ_layout, sK_layout, sKV_layout, sPdS_layout, sdQ_layout, sdQ_swizzled,
+            sQ_layout, sK_layout, sKV_layout, sPdS_layout, sdQ_layout,
             sRow_layout, sdO_layout, sV_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             q_tile_bytes, do_tile_bytes, kv_tile_bytes, SharedStorage,
@@ -335,6 +313,7 @@ class FlashBackwardSm90(AttentionKernel):
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
+            use_pdl=True,
         )
 
     @cute.kernel
@@ -359,14 +338,12 @@ class FlashBackwardSm90(AttentionKernel):
         tdO: cute.Tensor,
         tdK: cute.Tensor,
         tdV: cute.Tensor,
-        tdQ: cute.Tensor | None,  # transposed dQ: dq_accum's TMA view, else None
         tma_atom_q: cute.CopyAtom,
         tma_atom_k: cute.CopyAtom,
         tma_atom_v: cute.CopyAtom,
         tma_atom_do: cute.CopyAtom,
         tma_atom_dk: cute.CopyAtom,
         tma_atom_dv: cute.CopyAtom,
-        tma_atom_dq: cute.CopyAtom | None,
         scale_log2: Float32,
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
@@ -374,7 +351,6 @@ class FlashBackwardSm90(AttentionKernel):
         sKV_layout: cute.ComposedLayout,
         sPdS_layout: cute.ComposedLayout,
         sdQ_layout: cute.Layout,
-        sdQ_swizzled: cute.ComposedLayout | None,  # transposed dQ's buffers, else None
         sRow_layout: cute.Layout,
         sdO_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -391,8 +367,10 @@ class FlashBackwardSm90(AttentionKernel):
         if cutlass.const_expr(self.varlen):
             # Every warp decodes its CTA's key tile (the scan takes whole warps); in turn order
             # within each (sequence, KV head), as ``key_tile_of_block`` below.
+            # Key tiles that differ in work (causal, a window): a sequence's heads take turns.
             work = VarlenTileScheduler.create(
-                tile_counts, mCuSeqlensK, tile=self.tile_n, longest_first=descending
+                tile_counts, mCuSeqlensK, tile=self.tile_n, longest_first=descending,
+                heads_fastest=self.causal or self.window is not None,
             ).initial_work_tile()
             n_block, head_kv, batch = work.m_block, work.head, work.batch
         else:
@@ -420,10 +398,7 @@ class FlashBackwardSm90(AttentionKernel):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sPdS = storage.sPdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
-        if cutlass.const_expr(self.dq_transposed):
-            sdQ = storage.sdQ.get_tensor(sdQ_swizzled.outer, swizzle=sdQ_swizzled.inner)
-        else:
-            sdQ = storage.sdQ.get_tensor(sdQ_layout)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout)
         sLSE = storage.sLSE.get_tensor(sRow_layout)
         sDpsum = storage.sDpsum.get_tensor(sRow_layout)
 
@@ -459,8 +434,7 @@ class FlashBackwardSm90(AttentionKernel):
                 )
             elif warp_idx == DQ_WRITER_WARP:
                 self.add_dq(
-                    mdQaccum, mSemaphore, sdQ, block_info, seqlen, n_block, batch, steps,
-                    tdQ, tma_atom_dq,
+                    mdQaccum, mSemaphore, sdQ, block_info, seqlen, n_block, batch, steps
                 )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
@@ -509,6 +483,11 @@ class FlashBackwardSm90(AttentionKernel):
             # A key tile past its sequence's keys visits no query tile: nothing to load.
             if n_block * self.tile_n < seqlen.seqlen_k:
                 self.load_key_tile(**keys)
+        # Launched as the preprocess's dependent (programmatic dependent launch): K and V
+        # load while it finishes; lse_log2 and dpsum, its outputs, only after it completes.
+        # (Nothing else here reads what it writes; without a preceding primary grid the wait
+        # returns at once.)
+        cute.arch.griddepcontrol_wait()
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
@@ -585,7 +564,6 @@ class FlashBackwardSm90(AttentionKernel):
     def add_dq(
         self, mdQaccum: cute.Tensor, mSemaphore: cute.Tensor | None, sdQ: cute.Tensor,
         block_info: BlockInfo, seqlen: SeqlenInfo, n_block: Int32, batch: Int32, steps: dict,
-        tdQ: cute.Tensor | None, tma_atom_dq: cute.CopyAtom | None,
     ):
         """Per step and consumer warpgroup: hand its dQ buffer back once the previous reduction
         has read it, wait until it is full, add it to its block of dq_accum.
@@ -630,15 +608,11 @@ class FlashBackwardSm90(AttentionKernel):
                         barrier_id=BackwardBarrier.DQ_FULL + wg,
                         number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
                     )
-                    if cutlass.const_expr(self.dq_transposed):
-                        self.reduce_dq_tile(tdQ, tma_atom_dq, sdQ, seqlen, chunk, head, batch,
-                                            m_block, wg)
-                    else:
-                        with cute.arch.elect_one():
-                            prims.cp_reduce_async_bulk_global_shared_cta(
-                                gdQ.iterator, sdQ[None, (None, wg)].iterator, block_bytes,
-                                op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
-                            )
+                    with cute.arch.elect_one():
+                        prims.cp_reduce_async_bulk_global_shared_cta(
+                            gdQ.iterator, sdQ[None, (None, wg)].iterator, block_bytes,
+                            op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
+                        )
                     cute.arch.cp_async_bulk_commit_group()
                     shared_block = self.dq_blocks_shared(dq_pass)
                     if cutlass.const_expr(self.deterministic and shared_block and wg == 0):
@@ -654,26 +628,6 @@ class FlashBackwardSm90(AttentionKernel):
                 if lane == 0:
                     turns.pass_turn(counter, turn)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def reduce_dq_tile(
-        self, tdQ: cute.Tensor, tma_atom_dq: cute.CopyAtom, sdQ: cute.Tensor,
-        seqlen: SeqlenInfo, chunk: int, head: Int32, batch: Int32, m_block: Int32, wg: int,
-    ):
-        """Transposed dQ: warpgroup ``wg``'s swizzled buffer added to its tile of dq_accum by a
-        TMA reduction (a packed batch's sequence starts on a whole tile there)."""
-        row_tile = m_block
-        if cutlass.const_expr(self.varlen):
-            row_tile = seqlen.offset_rows // self.tile_m + m_block
-            batch = Int32(0)
-        gX = cute.local_tile(
-            tdQ[None, None, chunk, head, batch], (self.tile_m, self.dq_chunk_cols), (row_tile, 0)
-        )
-        t_smem, t_gmem = cpasync.tma_partition(
-            tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ[None, None, wg], 0, 2),
-            cute.group_modes(gX, 0, 2),
-        )
-        cute.copy(tma_atom_dq, t_smem, t_gmem)
 
     # ---- Consumers ----------------------------------------------------------------------------
 
@@ -695,7 +649,6 @@ class FlashBackwardSm90(AttentionKernel):
             thr_dq = tiled_mma_dq.get_slice(tidx)
             wg_dq = tiled_mma_dq.get_slice(wg_idx * THREADS_PER_WARPGROUP)
             ds_threads, ds_ready = self.num_consumer_threads, BackwardBarrier.DS_READY
-            sdQ_mine = sdQ
         else:
             thr_dq = tiled_mma_dq.get_slice(wg_tidx)
             wg_dq = tiled_mma_dq.get_slice(0)
@@ -703,7 +656,6 @@ class FlashBackwardSm90(AttentionKernel):
             if cutlass.const_expr(self.dq_split_rows):
                 # Its queries' dS spans both warpgroups' keys.
                 ds_threads, ds_ready = self.num_consumer_threads, BackwardBarrier.DS_READY
-            sdQ_mine = sdQ[None, (None, wg_idx)]
         tile_st = (self.tile_n, self.tile_m)  # S^T: keys x queries
         tile_kv = (self.tile_n, self.head_dim)
         dq_tile = (self.dq_buffer_rows, self.head_dim)
@@ -734,16 +686,12 @@ class FlashBackwardSm90(AttentionKernel):
             dq_tile = (self.head_dim, self.tile_m)
             tdQrK = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sK)))
             tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sdSt)))
-            # dQ^T's (dim, queries) view of the (queries, chunk cols, warpgroup) buffers.
-            dim_major = cute.make_layout(
-                ((self.dq_chunk_cols, NUM_CONSUMER_WGS), self.tile_m),
-                stride=((self.tile_m, self.tile_m * self.dq_chunk_cols), 1),
-            )
-            tdQsdQ = thr_dq.partition_C(cute.composition(sdQ, dim_major))
         else:
             tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sdSt_dq)))
             tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sK_dq)))
-            tdQsdQ = thr_dq.partition_C(sdQ_mine)
+        # This thread's places in its warpgroup's buffer (fragment order).
+        dq_values = cute.size(thr_dq.partition_shape_C(dq_tile))
+        tdQsdQ = fragment_slots(sdQ[None, (None, wg_idx)], wg_tidx, dq_values)
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
@@ -862,7 +810,7 @@ class FlashBackwardSm90(AttentionKernel):
                  zero_init=False, wait_groups=1)
             # dV and dQ are done: dO of this stage is free, dQ goes to warp 1's buffer.
             pipeline_do.consumer_release(state)
-            self.hand_over_dq(acc_dQ, tdQsdQ, wg_idx)
+            self.hand_over_dq(fragment_vectors(acc_dQ), tdQsdQ, wg_idx)
             warpgroup.wait_group(0)
             pipeline_q.consumer_release(state)
             state.advance()

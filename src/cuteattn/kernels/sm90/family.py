@@ -5,8 +5,8 @@ Plan options (compile-time switches, ``KernelPlan.options``):
   - ``pingpong``: consumer warpgroups take turns issuing GEMMs (named barriers), so one
     warpgroup's softmax overlaps the other's GEMMs;
   - ``persistent``: one CTA per SM walks the work tiles; the next tile's loads overlap this
-    tile's epilogue (its Q too where O has a buffer of its own in shared memory, else after
-    O's store: ``tiling.separate_o_fits``);
+    tile's epilogue (its Q too where O has a buffer of its own in shared memory or takes V's
+    stages, else after O's store: ``tiling.separate_o_fits``, ``tiling.o_in_v_fits``);
   - ``pack_gqa``: query heads per KV head stacked in one tile's rows (1: off). With GQA and
     short queries, a tile of one head is mostly padding and every query head reloads the same
     K and V; packed, one tile serves the whole group (``should_pack_gqa``).
@@ -31,7 +31,8 @@ ALWAYS = 2**62  # persistent at every length
 # Tiles per (head dim, causal), in order of preference: (tile_m, tile_n, num_stages, persistent
 # up to this seqlen_q). Measured on the H200 (docs/PERF.md, scripts/tune_sm90.py); tile_m is 64
 # rows per consumer warpgroup; 0: never persistent. d192 and d256 tiles leave no room for an O
-# buffer of its own: their persistent kernels put O in Q's buffer.
+# buffer of its own: their persistent kernels put O in V's stages (the thresholds below were
+# measured with O in Q's buffer).
 SM90_TILES = {
     # Persistent at every length since the R2P masks (eighth session, docs/PERF.md): 192x128
     # 421 / 517 / 544 TFLOP/s at 1k / 4k / 16k against single-tile's 362 / 477 / 507.
@@ -119,9 +120,9 @@ def hands_out_tiles(problem: Problem, tile_m: int) -> bool:
     instead of a static stride: fixed-length batches whose tiles differ in work (causal, a
     window) and whose heads have more than two query tiles (simulated on 132 SMs, a static
     stride leaves 2.5-6% of a causal launch idle at its end, a dynamic one 0.1-0.5%); shorter
-    queries (decoding) skip the per-call zeroing of the counter. Not d128 past 8k queries,
-    where the static stride measured faster (649 against 629 TFLOP/s causal at 16k; 619
-    against 629 at 8k, ninth session)."""
+    queries (decoding) keep the static stride (a few tiles per head leave little to balance).
+    Not d128 past 8k queries, where the static stride measured faster (649 against 629
+    TFLOP/s causal at 16k; 619 against 629 at 8k, ninth session)."""
     return (
         not problem.varlen
         and (problem.causal or problem.window is not None)
@@ -156,14 +157,13 @@ BACKWARD_THREADS = 384
 # Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV and dQ.
 WIDE_BACKWARD_SPLIT_DIM = {192: False, 256: True}
 SMEM_ALIGN = 1024  # the backward's shared buffers start on 1024-byte boundaries (swizzles)
-# dQ rows in shared memory and in dq_accum's chunks are padded by 8 floats (32 bytes): a warp's
-# 64-bit accumulator stores then take the minimum two wavefronts (rows start 8 banks apart).
+# Head dims up to 128 add dQ in the fragment order of the dQ GEMM's accumulator
+# (FlashAttention-4's way): each consumer warpgroup's share of a query tile is one flat block,
+# thread t's values 4i..4i+3 at floats (128 i + t) * 4: 16-byte stores without bank conflicts
+# and no row padding (the postprocess, kernels/sm90/dq_postprocess.py, puts the values back in
+# rows). The wide kernels (192, 256) add padded rows: 8 floats (32 bytes) per row, so that a
+# warp's 64-bit accumulator stores take the minimum two wavefronts (rows start 8 banks apart).
 BACKWARD_DQ_ROW_PAD = 8
-# Transposed dQ (tile_m not a multiple of 64): unpadded rows, or the 80-row d128 tile would not
-# fit in shared memory. A warp's 32-bit stores (8 dims by 4 queries two apart) then meet 4-way
-# bank conflicts (FlashAttention-4 stores dQ in accumulator order and reorders it in its
-# postprocess instead).
-TRANSPOSED_DQ_ROW_PAD = 0
 WIDE_DQ_CHUNK = 64
 
 
@@ -177,24 +177,30 @@ def backward_dq_splits_rows(head_dim: int, tile_m: int) -> bool:
 
 def backward_dq_chunks(head_dim: int, tile_m: int = 64) -> tuple[int, int]:
     """(chunks, row_pad) of dq_accum for the sm90 backward. Up to d128 the two consumer
-    warpgroups split dQ's rows in 128-row query tiles (one chunk), else its columns where half
-    the dim is whole 64- or 128-byte swizzle rows of K (d64, d128: a chunk each), otherwise each
-    computes its own keys' share of every column (d96: one chunk, added twice). The wide variant
-    adds dQ in 64-column chunks."""
+    warpgroups split dQ's rows in d64's 128-row query tiles (one chunk), else its columns where
+    half the dim is whole 64- or 128-byte swizzle rows of K (d64, d128: a chunk each),
+    otherwise each computes its own keys' share of every column (d96: one chunk, added twice);
+    unpadded rows (fragment order: ``backward_dq_fragment_order``). The wide variant adds dQ
+    in padded 64-column chunks."""
     if head_dim in WIDE_BACKWARD_SPLIT_DIM:
         return head_dim // WIDE_DQ_CHUNK, BACKWARD_DQ_ROW_PAD
     if backward_dq_splits_rows(head_dim, tile_m):
-        return 1, BACKWARD_DQ_ROW_PAD
+        return 1, 0
     split = (head_dim // 2 * tiling.ELEM_BYTES) % 64 == 0
-    pad = BACKWARD_DQ_ROW_PAD if tile_m % tiling.WARPGROUP_ROWS == 0 else TRANSPOSED_DQ_ROW_PAD
-    return (2 if split else 1), pad
+    return (2 if split else 1), 0
+
+
+def backward_dq_fragment_order(head_dim: int) -> bool:
+    """Whether the backward adds each warpgroup's dQ share in its accumulator's fragment order
+    (every head dim but the wide kernels')."""
+    return head_dim not in WIDE_BACKWARD_SPLIT_DIM
 
 
 def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) -> int:
     """The backward kernel's shared storage, laid out as its SharedStorage is: the barriers (in
     the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), two stages
     of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
-    padded fp32 dQ buffer per consumer warpgroup for the bulk reductions; then lse and dpsum
+    fp32 dQ buffer per consumer warpgroup for the bulk reductions; then lse and dpsum
     per stage (checked against the compiled kernels' launch sizes: equal for every offered
     tile)."""
     chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
@@ -373,7 +379,8 @@ class Sm90Family(KernelFamily):
             and 1 <= plan.option("pack_gqa") <= plan.tile_m
             and plan.num_threads == tiling.num_threads(plan.tile_m)
             and (not plan.option("pingpong") or tiling.num_consumer_warpgroups(plan.tile_m) >= 2)
-            # Persistent kernels keep O in Q's buffer where a buffer of its own does not fit.
+            # Persistent kernels keep O in V's stages or Q's buffer where a buffer of its own
+            # does not fit.
             and tiling.can_implement(
                 plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages, separate_o=False,
                 smem_capacity=arch.smem_per_block, head_dim_v=plan.option("dim_v"),
@@ -388,6 +395,17 @@ class Sm90Family(KernelFamily):
         if plan.kind == "backward":
             return backward_dq_chunks(plan.head_dim, plan.tile_m)
         return super().dq_accum_chunks(plan)
+
+    def dq_accum_fragment_order(self, plan: KernelPlan) -> tuple | None:
+        if plan.kind == "backward" and backward_dq_fragment_order(plan.head_dim):
+            return self.name, plan.tile_m
+        return None
+
+    def fragment_dq_postprocess(self, layout: tuple, **shape):
+        from cuteattn.kernels.sm90.dq_postprocess import FragmentDqPostprocess
+
+        (tile_m,) = layout
+        return FragmentDqPostprocess(tile_m=tile_m, **shape)
 
     def kernel(self, plan: KernelPlan):
         sizes = dict(self.kernel_shape(plan), num_stages=plan.num_stages)
@@ -412,6 +430,7 @@ class Sm90Family(KernelFamily):
                 plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
                 arch_from_name(plan.arch).smem_per_block, plan.option("dim_v"),
             ),
+            o_in_v=tiling.o_in_v_fits(plan.tile_m, plan.tile_n, plan.num_stages),
             pack_gqa=plan.option("pack_gqa"),
             sink=plan.option("sink", False),
         )

@@ -25,9 +25,11 @@ sections of heads, longest query tiles first when causal). Its warpgroups:
     memory -> global by a TMA store, which clips rows past seqlen_q; the LSE is written from
     registers. Single-tile kernels put O in Q's buffer; persistent ones have an O buffer of
     their own where it fits, so the next tile's Q can load while O is stored, else (d192,
-    d256) O takes Q's buffer, whose stage the consumers release once O's store has read it.
+    d256) O takes V's stages (the next tile's first V load waits until O's store has read
+    them), or, where they are too small, Q's buffer, whose stage the consumers release once
+    O's store has read it.
 A query tile that sees no key (causal with seqlen_q > seqlen_k) loads no K or V (nor Q, but
-where O takes Q's buffer in a persistent kernel) and writes O = 0, LSE = -inf.
+where a persistent kernel has no O buffer of its own) and writes O = 0, LSE = -inf.
 
 Varlen (packed sequences, (1, total, heads, dim), lse (1, heads, total)): the query tiles of
 each sequence and head (``VarlenTileScheduler``, single tile or persistent), not packed GQA.
@@ -102,6 +104,15 @@ def wait_stage(stage_pipeline: pipeline.PipelineAsync, state: pipeline.PipelineS
     stage_pipeline.consumer_wait(state, stage_pipeline.consumer_try_wait(state))
 
 
+@cute.jit
+def wait_phase(barrier: cute.Pointer, phase: Int32):
+    """``wait_stage``'s wait on a bare mbarrier: one try_wait, the blocking wait only if the
+    phase is not complete yet."""
+    ready = cute.arch.mbarrier_try_wait(barrier, phase)
+    if ready == 0:
+        cute.arch.mbarrier_wait(barrier, phase)
+
+
 def _pack_heads(tensor: cute.Tensor, group: int, *, seq: int, head: int, inner=(), outer=()):
     """Packed GQA view (group, seqlen, *inner, heads // group, *outer) of the modes named by
     index. Row (g, s) of a query tile is query head head_kv * group + g at position s: the
@@ -151,6 +162,7 @@ class FlashForwardSm90(AttentionKernel):
         persistent: bool = False,
         dynamic: bool = False,
         separate_o: bool = True,
+        o_in_v: bool = False,
         pack_gqa: int = 1,
         sink: bool = False,
         exp2_poly_every: int = 0,
@@ -162,8 +174,10 @@ class FlashForwardSm90(AttentionKernel):
         a zeroed (1,) int32 tensor as tile_counter). sink: the kernel takes a learnable
         sink's logits (``kernels/common/sink.py``). separate_o (persistent only): O has a
         buffer of its own, so the next tile's Q loads during this tile's epilogue; without one
-        (``tiling.separate_o_fits``: d192 / d256 tiles leave no room) O takes Q's buffer and
-        the next Q waits until O's store has read it. shape: ``AttentionKernel``'s fields."""
+        (``tiling.separate_o_fits``: d192 / d256 tiles leave no room) O takes V's stages where
+        they hold it (``o_in_v``, ``tiling.o_in_v_fits``: Q is free after the last S, and only
+        the next tile's first V waits until O's store has read them), else Q's buffer (the
+        next Q waits until O's store has read it). shape: ``AttentionKernel``'s fields."""
         super().__init__(**shape)
         self.sink = sink
         # Every that-many-th exponential of the softmax on the FMA pipe (soft-capping: the
@@ -173,8 +187,11 @@ class FlashForwardSm90(AttentionKernel):
         self.persistent = persistent
         self.dynamic = dynamic and persistent and not self.varlen
         self.separate_o = persistent and separate_o
+        self.o_in_v = persistent and not separate_o and o_in_v
         # Persistent with O in Q's buffer: the consumers hold Q's stage through the epilogue.
-        self.q_holds_o = persistent and not separate_o
+        self.q_holds_o = persistent and not separate_o and not self.o_in_v
+        # Q is read by no GEMM after the last S: released then, unless O takes its buffer.
+        self.q_free_after_qk = self.separate_o or self.o_in_v
         self.pack_gqa = pack_gqa
         # Query positions per tile: packed, each position takes pack_gqa rows, and the rows
         # past the last whole group stay idle (tile_m need not be a multiple of pack_gqa).
@@ -270,6 +287,8 @@ class FlashForwardSm90(AttentionKernel):
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             tile_slot: cute.struct.MemRange[Int32, 1 if self.dynamic else 0]  # the next index
+            # O in V's stages: O's store has read them (an arrival per consumer warp).
+            mbar_o: cute.struct.MemRange[cutlass.Int64, 1 if self.o_in_v else 0]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -401,6 +420,12 @@ class FlashForwardSm90(AttentionKernel):
         pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), 1, tile_bytes_q)
         pipeline_k = self.tma_pipeline(storage.mbar_k.data_ptr(), self.num_stages, tile_bytes_kv)
         pipeline_v = self.tma_pipeline(storage.mbar_v.data_ptr(), self.num_stages, tile_bytes_v)
+        o_read = None
+        if cutlass.const_expr(self.o_in_v):
+            o_read = storage.mbar_o.data_ptr()
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_init(o_read, self.num_consumer_threads // 32)
         pipeline.pipeline_init_arrive()
         pipeline.pipeline_init_wait()
 
@@ -410,6 +435,8 @@ class FlashForwardSm90(AttentionKernel):
         sO = sQ
         if cutlass.const_expr(self.separate_o):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        elif cutlass.const_expr(self.o_in_v):
+            sO = storage.sV.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         elif cutlass.const_expr(self.head_dim_v != self.head_dim):
             # O (dim_v columns) in Q's buffer.
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
@@ -435,14 +462,14 @@ class FlashForwardSm90(AttentionKernel):
                 self.produce(
                     mQ, mK, mV, sQ, sK, sV, tma_atom_q, tma_atom_k, tma_atom_v,
                     pipeline_q, pipeline_k, pipeline_v, counts, block_info, seqlen, cu_seqlens,
-                    tiles,
+                    tiles, o_read,
                 )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(
                 mO, mLSE, mSink, sQ, sK, sV, sO, tma_atom_o, tiled_mma_qk, tiled_mma_pv,
                 pipeline_q, pipeline_k, pipeline_v, scale_log2, tanh_scale, counts, block_info,
-                seqlen, cu_seqlens, mO_rows, tiles,
+                seqlen, cu_seqlens, mO_rows, tiles, o_read,
             )
 
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
@@ -469,6 +496,8 @@ class FlashForwardSm90(AttentionKernel):
             return VarlenTileScheduler.create(
                 counts, cu_seqlens_q, tile=self.tile_positions, longest_first=self.causal,
                 persistent=self.persistent,
+                # Query tiles that differ in work: a sequence's heads take turns.
+                heads_fastest=self.causal or self.window is not None,
             )
         return LinearTileScheduler.create(
             counts, longest_first=self.causal, persistent=self.persistent
@@ -496,9 +525,13 @@ class FlashForwardSm90(AttentionKernel):
         seqlen: SeqlenInfo,
         cu_seqlens: dict,
         tiles: tuple,
+        o_read: cute.Pointer | None,
     ):
         """Per work tile: Q, then K and V tiles from the last visible one down to 0, in the
         order the consumers use them (with intra-warpgroup overlap K(n - 1) before V(n))."""
+        # O in V's stages: the phase of ``o_read`` the next tile's first V load waits for (a
+        # fresh mbarrier counts its phase before the first as completed).
+        o_phase = Int32(1)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         scheduler = self.make_scheduler(counts, cu_seqlens["mCuSeqlensQ"], tiles, producer=True)
@@ -507,25 +540,33 @@ class FlashForwardSm90(AttentionKernel):
             mQ=mQ, mK=mK, mV=mV, sQ=sQ, sK=sK, sV=sV, tma_atom_q=tma_atom_q,
             tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v, pipeline_q=pipeline_q,
             pipeline_k=pipeline_k, pipeline_v=pipeline_v, block_info=block_info, seqlen=seqlen,
-            **cu_seqlens,
+            o_read=o_read, **cu_seqlens,
         )
         if cutlass.const_expr(self.persistent):
             while work.is_valid:
                 if cutlass.const_expr(self.dynamic):
                     scheduler.prefetch_next()
-                q_state, kv_state = self.produce_tile(work, q_state, kv_state, **loads)
+                q_state, kv_state, o_phase = self.produce_tile(
+                    work, q_state, kv_state, o_phase, **loads
+                )
                 work = scheduler.advance()
         else:
             # One work tile per CTA, straight-line: a loop here costs registers in the consumers.
-            q_state, kv_state = self.produce_tile(work, q_state, kv_state, **loads)
+            q_state, kv_state, o_phase = self.produce_tile(
+                work, q_state, kv_state, o_phase, **loads
+            )
 
     @cute.jit
     def produce_tile(
-        self, work: WorkTile, q_state, kv_state, *, mQ, mK, mV, sQ, sK, sV, tma_atom_q,
-        tma_atom_k, tma_atom_v, pipeline_q, pipeline_k, pipeline_v, block_info, seqlen,
-        mCuSeqlensQ, mCuSeqlensK, mSequsedK,
+        self, work: WorkTile, q_state, kv_state, o_phase: Int32, *, mQ, mK, mV, sQ, sK, sV,
+        tma_atom_q, tma_atom_k, tma_atom_v, pipeline_q, pipeline_k, pipeline_v, block_info,
+        seqlen, o_read, mCuSeqlensQ, mCuSeqlensK, mSequsedK,
     ):
-        """One work tile's loads; returns the advanced pipeline states."""
+        """One work tile's loads; returns the advanced pipeline states and ``o_read``'s next
+        phase. O in V's stages: the tile's first V load (or, a tile with no key, its Q, which
+        the consumers wait for) waits until the last tile's O store has read them; the
+        consumers of this tile cannot arrive again before that, so the wait's phase is never
+        ambiguous."""
         head_kv = work.head  # packed: work tiles are per KV head
         if cutlass.const_expr(self.pack_gqa == 1):
             head_kv = work.head // (mQ.shape[2] // mK.shape[2])
@@ -551,16 +592,26 @@ class FlashForwardSm90(AttentionKernel):
                 v_state = kv_state.clone()
                 kv_state.advance()
                 self.load_tile(tma_atom_k, tKgK, tKsK, pipeline_k, n_block, kv_state)
+                if cutlass.const_expr(self.o_in_v):
+                    if i == 0:
+                        wait_phase(o_read, o_phase)
                 self.load_tile(tma_atom_v, tVgV, tVsV, pipeline_v, n_block + 1, v_state)
+            if cutlass.const_expr(self.o_in_v):
+                if n_block_max - 1 == n_block_min:
+                    wait_phase(o_read, o_phase)
             self.load_tile(tma_atom_v, tVgV, tVsV, pipeline_v, n_block_min, kv_state)
             kv_state.advance()
-        if cutlass.const_expr(self.q_holds_o):
-            # A tile with no key loads its Q too: the consumers wait for it before O takes
-            # the buffer, so the next tile's Q cannot land on this tile's O.
+        if cutlass.const_expr(self.q_holds_o or self.o_in_v):
+            # A tile with no key loads its Q too: the consumers wait for it (O in Q's buffer:
+            # before O takes the buffer, so the next tile's Q cannot land on this tile's O).
             if n_block_max <= n_block_min:
+                if cutlass.const_expr(self.o_in_v):
+                    wait_phase(o_read, o_phase)
                 self.load_q(tma_atom_q, tQgQ, tQsQ, pipeline_q, q_state)
                 q_state.advance()
-        return q_state, kv_state
+        if cutlass.const_expr(self.o_in_v):
+            o_phase = o_phase ^ 1
+        return q_state, kv_state, o_phase
 
     @cute.jit
     def load_q(self, tma_atom_q, tQgQ, tQsQ, pipeline_q: pipeline.PipelineAsync, q_state):
@@ -676,6 +727,7 @@ class FlashForwardSm90(AttentionKernel):
         cu_seqlens: dict,
         mO_rows: cute.Tensor | None,
         tiles: tuple,
+        o_read: cute.Pointer | None,
     ):
         tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
@@ -720,7 +772,7 @@ class FlashForwardSm90(AttentionKernel):
         tile_args = dict(
             mO=mO, mLSE=mLSE, mSink=mSink, sO=sO, tma_atom_o=tma_atom_o, pipeline_q=pipeline_q,
             scale_log2=scale_log2, block_info=block_info, seqlen=seqlen, tidx=tidx,
-            num_rows=num_rows, loop=loop, mO_rows=mO_rows, **cu_seqlens,
+            num_rows=num_rows, loop=loop, mO_rows=mO_rows, o_read=o_read, **cu_seqlens,
         )
         if cutlass.const_expr(self.persistent):
             while work.is_valid:
@@ -735,7 +787,7 @@ class FlashForwardSm90(AttentionKernel):
     def consume_tile(
         self, work: WorkTile, q_state, kv_state, *, mO, mLSE, mSink, sO, tma_atom_o, pipeline_q,
         scale_log2, block_info, seqlen, tidx, num_rows: cutlass.Constexpr[int], loop: Mainloop,
-        mO_rows, mCuSeqlensQ, mCuSeqlensK, mSequsedK,
+        mO_rows, o_read, mCuSeqlensQ, mCuSeqlensK, mSequsedK,
     ):
         """One work tile: the key tiles, then the epilogue; returns the advanced states."""
         if cutlass.const_expr(self.varlen):
@@ -779,7 +831,7 @@ class FlashForwardSm90(AttentionKernel):
                     # Q's stage released once, as the tiles below release it (with a
                     # separate O after the drain: the producer asks for the next Q only
                     # after this tile's K / V loads).
-                    if cutlass.const_expr(self.separate_o):
+                    if cutlass.const_expr(self.q_free_after_qk):
                         pipeline_q.consumer_release(q_state)
                     if cutlass.const_expr(not self.persistent):
                         pipeline_q.consumer_release(q_state)
@@ -810,17 +862,23 @@ class FlashForwardSm90(AttentionKernel):
                         loop, kv_state, n_block_min + num_left_masked - 1 - i, m_block=m_block,
                         mask_causal=True, softmax=softmax,
                     )
-            if cutlass.const_expr(self.separate_o):
+            if cutlass.const_expr(self.q_free_after_qk):
                 # Q is read by no GEMM after the last S: let the next tile's Q load.
                 pipeline_q.consumer_release(q_state)
-            kv_state = self.last_pv(loop, kv_state, n_block_min)
+            # Left in flight: the epilogue's softmax.finalize runs under it.
+            self.last_pv(loop, kv_state, n_block_min)
             if cutlass.const_expr(not self.persistent):
                 pipeline_q.consumer_release(q_state)
             if cutlass.const_expr(not self.q_holds_o):
                 q_state.advance()
-        if cutlass.const_expr(self.q_holds_o):
+        if cutlass.const_expr(self.q_holds_o or self.o_in_v):
             if n_block_max <= n_block_min:
-                wait_stage(pipeline_q, q_state)  # O must not land before this tile's Q
+                # The Q a tile with no key loads too (``produce_tile``). O in Q's buffer: O
+                # must not land before it.
+                wait_stage(pipeline_q, q_state)
+                if cutlass.const_expr(self.o_in_v):
+                    pipeline_q.consumer_release(q_state)
+                    q_state.advance()
 
         # ---- Epilogue ------------------------------------------------------------------
         lse = cute.make_rmem_tensor(num_rows, Float32)
@@ -829,6 +887,15 @@ class FlashForwardSm90(AttentionKernel):
         if cutlass.const_expr(self.sink):
             sinks = row_sinks(mSink, work.head, score_coords, num_rows, self.pack_gqa)
         row_scale = softmax.finalize(lse, sinks)
+        # A basic-block boundary on a per-thread condition (true only for a NaN lse, and then
+        # harmless): without it ptxas hoists the wait below above the row sums' shuffles.
+        if lse[0] != lse[0]:
+            cute.arch.fence_view_async_shared()
+        # Unconditional: on no path may acc_O be read while a GEMM could still write it (ptxas
+        # would serialise every WGMMA of the kernel: C7514).
+        warpgroup.wait_group(0)
+        if run_tiles:
+            kv_state = self.release_last_v(loop, kv_state)
         rescale_rows(acc_O, row_scale)
         positions_left = seqlen.seqlen_q - m_block * self.tile_positions
         if cutlass.const_expr(self.varlen):
@@ -862,17 +929,27 @@ class FlashForwardSm90(AttentionKernel):
             gO = self.query_tile(mO, work, columns=self.head_dim_v)
             self.store_o(gO, acc_O, sO, tma_atom_o, loop.tiled_mma_pv, tidx)
         if cutlass.const_expr(self.q_holds_o):
-            # O's store has read Q's buffer (row stores: each thread's own reads are done):
-            # the next tile's Q may load there.
-            if cutlass.const_expr(not self.varlen):
-                if tidx < 32:
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-            # The row stores' generic-proxy reads before the next Q's TMA (async proxy) write.
-            cute.arch.fence_view_async_shared()
-            cute.arch.sync_warp()
+            # The next tile's Q may load into Q's buffer.
+            self.wait_for_o_store_reads(tidx)
             pipeline_q.consumer_release(q_state)
             q_state.advance()
+        if cutlass.const_expr(self.o_in_v):
+            # The next tile's V may load into V's stages.
+            self.wait_for_o_store_reads(tidx)
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_arrive(o_read)
         return q_state, kv_state
+
+    @cute.jit
+    def wait_for_o_store_reads(self, tidx: Int32):
+        """This warp, once O's store has read sO (the TMA store: warp 0 waits for it; row
+        stores: each thread's own reads are done), with those generic-proxy reads ordered
+        before a later TMA (async proxy) write there."""
+        if cutlass.const_expr(not self.varlen):
+            if tidx < 32:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.fence_view_async_shared()
+        cute.arch.sync_warp()
 
     @cute.jit
     def qk_gemm(self, tiled_mma_qk, tSrQ, tSrK, stage: Int32, wait_groups: cutlass.Constexpr[int]):
@@ -901,11 +978,16 @@ class FlashForwardSm90(AttentionKernel):
         """Soft-cap and mask S, run the online softmax on it in place; returns the O rescale
         factors."""
         capping.apply_softcap(acc_S, tanh_scale, self.softcap)
-        if cutlass.const_expr(mask_seqlen or mask_causal):
+        if cutlass.const_expr(mask_causal):
             mask.apply(
                 acc_S, thr_mma_qk, m_block, n_block, mask_seqlen=mask_seqlen,
                 mask_causal=mask_causal,
             )
+        elif cutlass.const_expr(mask_seqlen):
+            # Only a key tile that reaches past seqlen_k has keys to hide (dense, 1k keys: no
+            # tile does, and the first tile of each work tile skips ~100 selects per thread).
+            if (n_block + 1) * self.tile_n > mask.seqlen.seqlen_k:
+                hide_keys_past_seqlen(mask, acc_S, thr_mma_qk, m_block, n_block)
         return softmax.step(acc_S, is_first=is_first)
 
     def store_p(self, acc_S: cute.Tensor, tOrP: cute.Tensor):
@@ -1023,8 +1105,9 @@ class FlashForwardSm90(AttentionKernel):
 
     @cute.jit
     def last_pv(self, loop: Mainloop, kv_state, n_block: Int32):
-        """O += P V for the last key tile (``n_block``), which the overlapped loop leaves
-        pending."""
+        """Issue O += P V for the last key tile (``n_block``), which the overlapped loop leaves
+        pending, and leaves it in flight: the epilogue waits for it (the row sums' reduction
+        runs meanwhile) and then ``release_last_v``."""
         tiled_mma_pv, tOrVt, tOrP = loop.tiled_mma_pv, loop.tOrVt, loop.tOrP
         acc_O, pending_scale, pipeline_v = loop.acc_O, loop.pending_scale, loop.pipeline_v
         if cutlass.const_expr(self.rescale_o_before_pv):
@@ -1033,8 +1116,12 @@ class FlashForwardSm90(AttentionKernel):
         if cutlass.const_expr(self.varlen):
             self.zero_keys_past_sequence(loop, kv_state.index, n_block)
         gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
-             zero_init=False, wait_groups=0)
-        pipeline_v.consumer_release(kv_state)
+             zero_init=False, wait_groups=-1)
+
+    @cute.jit
+    def release_last_v(self, loop: Mainloop, kv_state):
+        """``last_pv``'s V stage, once its GEMM is done; returns the advanced state."""
+        loop.pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
 
@@ -1078,7 +1165,8 @@ class FlashForwardSm90(AttentionKernel):
         rO.store(acc_O.load().to(self.dtype))
         if tidx < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-        # sO is free (previous store read it; single tile: no warpgroup still reads Q).
+        # sO is free (previous store read it; no warpgroup still reads Q or V, where O may
+        # live).
         epilogue_threads = self.num_consumer_threads
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=epilogue_threads)
         stmatrix = cute.make_copy_atom(
@@ -1110,7 +1198,7 @@ class FlashForwardSm90(AttentionKernel):
         """A packed (varlen) batch's O: shared memory (stmatrix), then 128-bit row stores of
         the rows before ``rows_left`` (the sequence's end) and, a padded head dim, of the
         inputs' ``columns``."""
-        # Every warpgroup is past its last GEMM on Q's buffer, which O now takes.
+        # Every warpgroup is past its last GEMM on the buffer O now takes (Q's or V's).
         self.epilogue_sync()
         _, row_store = gmem_row_copies(
             self.dtype, smem_tile_atom(self.dtype, self.head_dim_v), self.num_consumer_threads
@@ -1123,3 +1211,12 @@ class FlashForwardSm90(AttentionKernel):
             ),
             columns=columns,
         )
+
+
+@cute.jit
+def hide_keys_past_seqlen(
+    mask: AttentionMask, acc_S: cute.Tensor, thr_mma_qk, m_block: Int32, n_block: Int32
+):
+    """The seqlen mask alone (a function of its own: the caller's dynamic branch then carries
+    no mask object)."""
+    mask.apply(acc_S, thr_mma_qk, m_block, n_block, mask_seqlen=True, mask_causal=False)

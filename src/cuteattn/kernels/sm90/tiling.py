@@ -60,10 +60,17 @@ def can_implement(
     )
 
 
+def o_in_v_fits(tile_m: int, tile_n: int, num_stages: int) -> bool:
+    """Whether O (tile_m x dim_v) fits in the V stages (num_stages x tile_n x dim_v): where O
+    has no buffer of its own, a persistent kernel then puts it there rather than in Q's, so
+    that the next tile's Q loads as soon as the last S is computed."""
+    return num_stages * tile_n >= tile_m
+
+
 def separate_o_fits(
     head_dim: int, tile_m: int, tile_n: int, num_stages: int, smem_capacity: int,
     head_dim_v: int | None = None,
 ) -> bool:
     """Whether a persistent kernel's O gets a buffer of its own (the next tile's Q then loads
-    during this tile's epilogue); else O takes Q's buffer."""
+    during this tile's epilogue); else O takes V's stages (``o_in_v_fits``) or Q's buffer."""
     return smem_bytes(head_dim, tile_m, tile_n, num_stages, True, head_dim_v) <= smem_capacity
