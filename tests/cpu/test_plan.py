@@ -556,3 +556,21 @@ def test_dynamic_tile_counter_only_for_persistent_fixed_length_causal_or_window_
     assert not sm90.uses_tile_counter(plan_backward(problem(causal=True)))
     assert not sm80.uses_tile_counter(plan_forward(problem(causal=True), family="sm80"))
     assert sm90.fake_tile_counter(plan_forward(problem())) is None
+
+
+def test_plans_are_memoized_and_the_memo_is_bounded(monkeypatch):
+    """A problem planned again gets the same plan object without planning (host time per
+    call); a refusal is not remembered; a full memo starts over."""
+    from cuteattn import plan as planner
+
+    monkeypatch.setattr(planner, "_PLANS", {})
+    monkeypatch.setattr(planner, "_PLANS_MAX", 3)
+    first = plan_forward(problem())
+    assert plan_forward(problem()) is first
+    assert plan_forward(problem(), family="sm80") is not first  # the override is in the key
+    with pytest.raises(NotImplementedError):
+        plan_forward(problem(head_dim=512))
+    assert len(planner._PLANS) == 2
+    plan_forward(problem(causal=True))
+    plan_forward(problem(batch=3))
+    assert len(planner._PLANS) == 1

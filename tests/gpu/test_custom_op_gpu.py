@@ -25,9 +25,13 @@ def _attention(q, k, v, causal, out=None):
 
 @pytest.mark.parametrize("causal", (False, True))
 def test_opcheck_with_the_kernel(causal):
+    from cuteattn import ops  # the op itself: run alone, nothing has registered it before
+
     q, k, v = _qkv()
-    op = torch.ops.cuteattn.forward.default
-    torch.library.opcheck(op, (q, k, v, torch.empty_like(q), 128**-0.5, causal, None))
+    op = ops.forward
+    args = (q, k, v, torch.empty_like(q), 128**-0.5, causal, -1, -1, 0.0, None)
+    torch.library.opcheck(op, (*args, None))
+    torch.library.opcheck(op, (*args, "sm80"))
 
 
 @pytest.mark.parametrize("causal", (False, True))

@@ -224,6 +224,11 @@ class KernelFamily(abc.ABC):
 
         return fake_backward_args(plan, self.dq_accum_chunks(plan))
 
+    def planning_knobs(self, problem: Problem) -> tuple:
+        """What the family's choice for ``problem`` reads besides the problem (a benchmark's
+        environment override, say): part of the planner's memo key, so a change is seen."""
+        return ()
+
     def uses_tile_counter(self, plan: KernelPlan) -> bool:
         """Whether ``plan``'s forward kernel hands out its work tiles from a global counter:
         the caller then passes a zeroed (1,) int32 tensor as its ``tile_counter``."""

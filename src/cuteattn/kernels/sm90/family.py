@@ -239,6 +239,9 @@ class Sm90Family(KernelFamily):
             reason = "more than 2^31 query rows in one launch (a 32-bit tile index)"
         return reason
 
+    def planning_knobs(self, problem: Problem) -> tuple:
+        return (softcap_exp2_poly_every(),) if problem.softcap > 0 else ()
+
     def plan(
         self, arch: ArchCaps, *, dtype, head_dim, causal, tile_m, tile_n, num_stages,
         persistent, pingpong=None, pack_gqa=1, features: tuple = (), dynamic=False,
