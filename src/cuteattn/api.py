@@ -4,9 +4,11 @@ Normalise arguments -> validate -> ops. No DSL code here. ``forward`` is the int
 that ``flash_attn_func`` calls; tests and the benchmark call it to force a kernel family or run
 an explicit plan.
 
-The work goes through one custom op, ``torch.ops.cuteattn.forward`` (cuteattn.ops), which
-plans inside; torch.compile traces the code here on fake tensors (``fullgraph=True`` holds)
-and records that op. An explicit ``plan=`` cannot cross the op's schema: it is checked here
+The work goes through one custom op per call (cuteattn.ops), which plans inside:
+``torch.ops.cuteattn.inference`` (functional) for a call that records no gradient and gives no
+``out``, ``torch.ops.cuteattn.forward`` for one that gives ``out``, ``attention`` for one that
+records a gradient; torch.compile traces the code here on fake tensors (``fullgraph=True``
+holds) and records that op. An explicit ``plan=`` cannot cross the op's schema: it is checked here
 and launched directly. Both overrides of ``forward`` (``family=``, ``plan=``) are for eager
 calls: checking a family name loads the family modules, which dynamo does not trace.
 """
@@ -205,7 +207,11 @@ def forward(
         out = _out_or_new(out, q, v)
         q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
         return out, ops.launch_forward(q, k, v, out, softmax_scale, plan, learnable_sink)
-    out = _out_or_new(out, q, v)
+    if out is None:
+        return ops.inference(
+            q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
+            family,
+        )
     return out, ops.forward(
         q, k, v, out, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
         family,
@@ -377,7 +383,12 @@ def flash_attn_varlen_func(
             result = out
         return (result, lse) if return_lse else result
     if out is None:
-        out = torch.empty((*q.shape[:2], v.shape[2]), dtype=q.dtype, device=q.device)
+        out, lse = ops.varlen_inference(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+            int(max_seqlen_k), float(softmax_scale), causal, window_left, window_right, softcap,
+            learnable_sink, family,
+        )
+        return (out, lse) if return_lse else out
     lse = ops.varlen_forward(
         q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
         int(max_seqlen_k), float(softmax_scale), causal, window_left, window_right, softcap,

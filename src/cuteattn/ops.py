@@ -7,7 +7,10 @@
                       Tensor? learnable_sink, str? family) -> Tensor
 
 writes the attention into ``out`` (allocated by the caller, so the op never returns an alias
-of an input) and returns lse, (batch, heads_q, seqlen_q) fp32. api.forward calls it after
+of an input) and returns lse, (batch, heads_q, seqlen_q) fp32. ``inference`` (the same
+arguments less ``out``) returns (out, lse) in new tensors: the path of calls that give no
+``out`` and record no gradient, since torch's wrapper of a mutating op costs ~40 us of host
+time per call (``varlen_inference`` likewise beside ``varlen_forward``). api.forward calls it after
 validating the arguments; torch.compile traces that code and records this one opaque op.
 ``family`` (None: the planner's choice) is the family override, a name that api has checked;
 ``window_left`` / ``window_right`` bound a local window (-1: unbounded; both -1: none;
@@ -87,6 +90,7 @@ def _tile_counter(device: torch.device) -> torch.Tensor:
 
 
 @functools.cache
+@functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -95,6 +99,11 @@ def out_shape(q: torch.Tensor, v: torch.Tensor) -> tuple:
     """(batch, seqlen_q, heads_q, dim_v): the shape of out."""
     batch, seqlen_q, heads_q, _ = q.shape
     return (batch, seqlen_q, heads_q, v.shape[3])
+
+
+def varlen_out_shape(q: torch.Tensor, v: torch.Tensor) -> tuple:
+    """(total_q, heads_q, dim_v): the shape of a packed batch's out."""
+    return (*q.shape[:2], v.shape[2])
 
 
 def lse_shape(q: torch.Tensor) -> tuple:
@@ -234,6 +243,16 @@ def forward(
 ) -> torch.Tensor:
     """Attention of validated q, k, v into ``out``; returns lse. See the module docstring."""
     validate.check_out_memory(out, q, k, v)
+    return _forward_into(
+        q, k, v, out, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
+        family,
+    )
+
+
+def _forward_into(
+    q, k, v, out, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+) -> torch.Tensor:
+    """The forward ops' work into an ``out`` whose memory is known good; returns lse."""
     if has_no_work(q, k):
         return forward_without_kernel(q, out, learnable_sink)
     q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
@@ -251,6 +270,37 @@ def _forward_fake(
     family,
 ):
     return empty_lse(q)
+
+
+@torch.library.custom_op("cuteattn::inference", mutates_args=())
+def inference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    learnable_sink: torch.Tensor | None,
+    family: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of validated q, k, v in new tensors, for calls that record no gradient and
+    give no ``out``. Functional, unlike ``forward``: torch wraps an op that mutates an argument
+    in a version-counter step that rebuilds the schema's arguments on every call (~40 us of
+    host time on the CI machine, the GPU's idle time between short calls)."""
+    out = torch.empty(out_shape(q, v), dtype=q.dtype, device=q.device)
+    return out, _forward_into(
+        q, k, v, out, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
+        family,
+    )
+
+
+@inference.register_fake
+def _inference_fake(
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+):
+    return q.new_empty(out_shape(q, v)), empty_lse(q)
 
 
 # ---- Training: a functional forward with an autograd formula, and the backward --------------
@@ -530,6 +580,17 @@ def varlen_forward(
     into ``out`` (total_q, heads_q, dim_v); returns lse (heads_q, total_q). Sequence b owns rows
     cu_seqlens[b] .. cu_seqlens[b + 1]; rows past cu_seqlens_q[-1] are not written."""
     validate.check_out_memory(out, q, k, v)
+    return _varlen_forward_into(
+        q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+    )
+
+
+def _varlen_forward_into(
+    q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+    softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+) -> torch.Tensor:
+    """The varlen forward ops' work into an ``out`` whose memory is known good; returns lse."""
     q4, k4, v4, out4 = (x.unsqueeze(0) for x in (q, k, v, out))
     no_sequence = cu_seqlens_q.shape[0] == 1 or max_seqlen_q == 0 or max_seqlen_k == 0
     if has_no_work(q4, k4) or no_sequence:
@@ -555,6 +616,43 @@ def _varlen_forward_fake(
     softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
 ):
     return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("cuteattn::varlen_inference", mutates_args=())
+def varlen_inference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    learnable_sink: torch.Tensor | None,
+    family: str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``varlen_forward`` into a new out, functional (``inference`` says why): (out, lse)."""
+    out = torch.empty(varlen_out_shape(q, v), dtype=q.dtype, device=q.device)
+    return out, _varlen_forward_into(
+        q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+    )
+
+
+@varlen_inference.register_fake
+def _varlen_inference_fake(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+    causal, window_left, window_right, softcap, learnable_sink, family,
+):
+    return (
+        q.new_empty(varlen_out_shape(q, v)),
+        q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32),
+    )
 
 
 def padded_rows(total_q: int, num_seqs: int, tile_m: int) -> int:
@@ -683,8 +781,8 @@ def varlen_attention(
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of packed q, k, v in new tensors; differentiable in q, k, v and the sink."""
-    out = torch.empty((*q.shape[:2], v.shape[2]), dtype=q.dtype, device=q.device)
-    lse = varlen_forward(
+    out = torch.empty(varlen_out_shape(q, v), dtype=q.dtype, device=q.device)
+    lse = _varlen_forward_into(
         q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
     )
@@ -696,7 +794,7 @@ def _varlen_attention_fake(
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
     causal, window_left, window_right, softcap, learnable_sink, family, deterministic,
 ):
-    out = q.new_empty((*q.shape[:2], v.shape[2]))
+    out = q.new_empty(varlen_out_shape(q, v))
     return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 

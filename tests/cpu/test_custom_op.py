@@ -16,6 +16,7 @@ from cuteattn import api, ops, reference, validate
 from cuteattn.runtime.arch import ARCH_ENV
 
 OP = torch.ops.cuteattn.forward.default
+INFERENCE = torch.ops.cuteattn.inference.default
 
 SHAPES = {
     # name: (batch, seqlen_q, seqlen_k, heads_q, heads_kv, dim)
@@ -99,6 +100,7 @@ def test_opcheck(cpu_launch, shape, causal):
     out = torch.empty_like(q)
     torch.library.opcheck(OP, (q, k, v, out, 0.125, causal, -1, -1, 0.0, None, None))
     torch.library.opcheck(OP, (q, k, v, out, 0.125, causal, -1, -1, 0.0, None, "sm80"))
+    torch.library.opcheck(INFERENCE, (q, k, v, 0.125, causal, -1, -1, 0.0, None, None))
 
 
 def test_fp16(cpu_launch):
@@ -120,12 +122,19 @@ class OpRecorder(TorchDispatchMode):
 
 
 def test_eager_call_goes_through_the_op(cpu_launch):
+    """Without out, the functional inference op (it allocates out); with one, the op that
+    writes into it."""
     q, k, v = qkv()
     with OpRecorder() as recorder:
         out, lse = cuteattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
-    assert recorder.ops.count(OP) == 1
+    assert recorder.ops == [INFERENCE]
     assert cpu_launch[-1]["plan"].arch == "sm_90a" and cpu_launch[-1]["out"] is out
     assert_matches_reference(out, lse, q, k, v, causal=True)
+    given = torch.empty_like(q)
+    with OpRecorder() as recorder:
+        got, lse = cuteattn.flash_attn_func(q, k, v, out=given, return_lse=True)
+    assert recorder.ops == [OP] and got is given and cpu_launch[-1]["out"] is given
+    assert_matches_reference(given, lse, q, k, v, causal=False)
 
 
 def test_the_op_plans_with_the_family_it_is_given(cpu_launch):
@@ -167,16 +176,16 @@ def test_the_op_makes_its_inputs_kernel_addressable(cpu_launch):
 
 
 def test_inputs_that_require_grad_take_the_training_op(cpu_launch):
-    """With grad, flash_attn_func records cuteattn::attention (tests/cpu/test_training_op.py),
-    not this op; without, this one."""
+    """With grad, flash_attn_func records cuteattn::attention (tests/cpu/test_training_op.py);
+    without, cuteattn::inference."""
     q, k, v = qkv()
     q.requires_grad_()
     with OpRecorder() as recorder:
         cuteattn.flash_attn_func(q, k, v)
         with torch.no_grad():
             cuteattn.flash_attn_func(q, k, v)
-    assert recorder.ops.count(torch.ops.cuteattn.attention.default) == 1
-    assert recorder.ops.count(OP) == 1
+    cuteattn_ops = [op for op in recorder.ops if op.namespace == "cuteattn"]
+    assert cuteattn_ops == [torch.ops.cuteattn.attention.default, INFERENCE]
 
 
 # Fake tensors ---------------------------------------------------------------------------
@@ -218,9 +227,9 @@ class GraphRecorder:
         self.graphs.append(gm)
         return gm.forward
 
-    def op_calls(self):
+    def op_calls(self, op=INFERENCE):
         (gm,) = self.graphs  # one graph: no graph break
-        return [node for node in gm.graph.nodes if node.op == "call_function" and node.target == OP]
+        return [node for node in gm.graph.nodes if node.op == "call_function" and node.target == op]
 
 
 def attention(q, k, v):
@@ -239,7 +248,8 @@ def test_compile_fullgraph_traces_one_op(no_launch):
         q, k, v = qkv(device="cuda")
         out, lse = torch.compile(attention, backend=recorder, fullgraph=True)(q, k, v)
     (call,) = recorder.op_calls()
-    assert call.args[4:] == (64**-0.5, True, -1, -1, 0.0, None, None)
+    assert call.args[3:] == (64**-0.5, True, -1, -1, 0.0, None, None)
+    assert recorder.op_calls(OP) == []
     assert out.shape == q.shape and lse.shape == (2, 4, 16) and lse.dtype == torch.float32
 
 
@@ -249,7 +259,7 @@ def test_compile_fullgraph_with_a_given_out(no_launch):
         q, k, v = qkv(device="cuda")
         out = torch.empty_like(q)
         got, _ = torch.compile(attention_into, backend=recorder, fullgraph=True)(q, k, v, out)
-    (call,) = recorder.op_calls()
+    (call,) = recorder.op_calls(OP)
     assert call.args[3].op == "placeholder"  # the caller's out, not a new buffer
     assert call.args[4:] == (0.5, False, -1, -1, 0.0, None, None)
     assert got is out

@@ -189,7 +189,7 @@ def test_content_checks_run_under_the_debug_switch(cpu_launch, monkeypatch):
 
 def test_compile_fullgraph_traces_the_varlen_op(monkeypatch):
     """Fake CUDA inputs: dynamo traces flash_attn_varlen_func (validation included) without a
-    graph break and records one cuteattn::varlen_forward; the fake runs it on fake tensors."""
+    graph break and records one cuteattn::varlen_inference; the fake runs it on fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     monkeypatch.delenv(validate.CHECK_INPUTS_ENV, raising=False)
@@ -211,7 +211,7 @@ def test_compile_fullgraph_traces_the_varlen_op(monkeypatch):
     (gm,) = graphs
     calls = [
         node for node in gm.graph.nodes
-        if node.op == "call_function" and node.target == torch.ops.cuteattn.varlen_forward.default
+        if node.op == "call_function" and node.target == torch.ops.cuteattn.varlen_inference.default
     ]
     assert len(calls) == 1
     assert out.shape == q.shape and lse.shape == (4, q.shape[0]) and lse.dtype == torch.float32

@@ -4,6 +4,7 @@
 how tests cross-compile for GPUs this machine does not have.
 """
 
+import functools
 import os
 
 from cuteattn.arch import ArchCaps, arch_from_capability, arch_from_name
@@ -22,4 +23,15 @@ def device_arch(device) -> ArchCaps:
             raise ValueError(f"{ARCH_ENV}: {exc}") from None
     import torch
 
-    return arch_from_capability(*torch.cuda.get_device_capability(device))
+    index = device if isinstance(device, int) else torch.device(device).index
+    if index is None:
+        index = torch.cuda.current_device()
+    return _arch_of_index(index)
+
+
+@functools.cache
+def _arch_of_index(index: int) -> ArchCaps:
+    # A device's capability never changes; asking torch costs ~10 us of every call's host time.
+    import torch
+
+    return arch_from_capability(*torch.cuda.get_device_capability(index))
