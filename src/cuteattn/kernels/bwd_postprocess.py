@@ -92,8 +92,15 @@ class DqPostprocess:
             grid=grid, block=[self.threads, 1, 1], smem=self.smem_bytes(), stream=stream
         )
 
+    # Subclasses that stage dq's rows in shared memory (``smem_tile``) set this.
+    stages_rows_in_smem = False
+
     def smem_bytes(self) -> int:
-        return 0
+        """The dynamic shared memory of a CTA: ``smem_tile``'s tile (128-byte aligned) where
+        the subclass stages rows there, else none."""
+        if not self.stages_rows_in_smem:
+            return 0
+        return self.rows_per_cta * self.kernel_dim * self.dtype.width // 8 + 128
 
     def smem_tile(self, swizzled_pointer: bool = False) -> tuple:
         """(tile, atom): a (rows_per_cta, kernel_dim) tile of dq's dtype in shared memory,

@@ -21,6 +21,8 @@ class FragmentDqPostprocess(DqPostprocess):
     """``tile_m``, ``threads`` and ``warps_dq`` (warps along the query rows, along dim): the
     backward's query tile, thread count and dQ warp grid, which fix the fragment order."""
 
+    stages_rows_in_smem = True
+
     def __init__(
         self, *, dtype: type[cutlass.Numeric], head_dim: int, kernel_dim: int, rows_tile: int,
         tile_m: int, threads: int, warps_dq: tuple[int, int],
@@ -31,9 +33,6 @@ class FragmentDqPostprocess(DqPostprocess):
             dtype=dtype, head_dim=head_dim, kernel_dim=kernel_dim, chunks=1, rows_tile=rows_tile
         )
         self.warps_dq = warps_dq
-
-    def smem_bytes(self) -> int:
-        return self.rows_per_cta * self.kernel_dim * self.dtype.width // 8 + 128
 
     @cute.jit
     def scale_rows(

@@ -27,6 +27,8 @@ from cuteattn.kernels.sm90.smem import row_store_threads
 class FragmentDqPostprocess(DqPostprocess):
     """``tile_m``: the backward's query tile, which (with ``kernel_dim``) fixes the order."""
 
+    stages_rows_in_smem = True
+
     def __init__(
         self, *, dtype: type[cutlass.Numeric], head_dim: int, kernel_dim: int, rows_tile: int,
         tile_m: int,
@@ -39,9 +41,6 @@ class FragmentDqPostprocess(DqPostprocess):
             dtype=dtype, head_dim=head_dim, kernel_dim=kernel_dim, chunks=chunks,
             rows_tile=rows_tile,
         )
-
-    def smem_bytes(self) -> int:
-        return self.rows_per_cta * self.kernel_dim * self.dtype.width // 8 + 128
 
     @cute.jit
     def scale_rows(
