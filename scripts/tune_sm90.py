@@ -102,6 +102,8 @@ def candidates(
                     arch, dtype=dtype, head_dim=shape.dim, causal=shape.causal, tile_m=tile_m,
                     tile_n=tile_n, num_stages=num_stages, persistent=persistent, pingpong=None,
                     pack_gqa=pack_gqa, dynamic=dynamic,
+                    # As the bench's calls (no grad, no return_lse): the kernel writes no lse.
+                    features=(("lse", False),),
                 )
                 if family.can_implement(plan, arch):
                     plans[candidate_name(plan)] = plan
@@ -154,7 +156,7 @@ def backward_plan_binder(plan: KernelPlan):
 
 def plan_binder(plan: KernelPlan):
     def bind(q, k, v, causal):
-        return lambda: api.forward(q, k, v, causal=causal, plan=plan)[0]
+        return lambda: api.forward(q, k, v, causal=causal, plan=plan, return_lse=False)[0]
 
     return bind
 

@@ -131,7 +131,7 @@ def flash_attn_func(
         q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
         deterministic=deterministic, return_attn_probs=return_attn_probs, out=out,
-        learnable_sink=learnable_sink,
+        learnable_sink=learnable_sink, return_lse=return_lse,
     )
     return (out, lse) if return_lse else out
 
@@ -153,8 +153,13 @@ def forward(
     learnable_sink=None,
     family: str | None = None,
     plan: KernelPlan | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``flash_attn_func``'s work, returning (out, lse); for tests and benchmarks.
+
+    ``return_lse`` False: the caller drops lse (it is then None), so a call that records no
+    gradient and gives no ``out`` has its kernel write none; an explicit ``plan`` decides that
+    itself (one with ("lse", False) needs ``return_lse=False``).
 
     Takes flash_attn_func's options by keyword, and checks them in the same order: every
     TypeError / ValueError (tensors, then scalars and flags) before any NotImplementedError.
@@ -199,6 +204,11 @@ def forward(
         return out, lse
     if plan is not None and not ops.has_no_work(q, k):
         # A KernelPlan cannot cross the op's schema: an explicit plan is launched directly.
+        if return_lse and plan.option("lse", True) is False:
+            raise ValueError(
+                "plan writes no lse (its option ('lse', False)): pass return_lse=False, or a "
+                "plan without that option"
+            )
         problem = ops.forward_problem(
             q, k, v, causal=causal, window_left=window_left, window_right=window_right,
             softcap=softcap, sink=learnable_sink is not None,
@@ -206,12 +216,14 @@ def forward(
         check_plan(plan, problem)
         out = _out_or_new(out, q, v)
         q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
-        return out, ops.launch_forward(q, k, v, out, softmax_scale, plan, learnable_sink)
+        lse = ops.launch_forward(q, k, v, out, softmax_scale, plan, learnable_sink)
+        return out, (lse if return_lse else None)
     if out is None:
-        return ops.inference(
+        out, lse = ops.inference(
             q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
-            family,
+            family, return_lse,
         )
+        return out, (lse if return_lse else None)
     return out, ops.forward(
         q, k, v, out, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
         family,
@@ -386,7 +398,7 @@ def flash_attn_varlen_func(
         out, lse = ops.varlen_inference(
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
             int(max_seqlen_k), float(softmax_scale), causal, window_left, window_right, softcap,
-            learnable_sink, family,
+            learnable_sink, family, return_lse,
         )
         return (out, lse) if return_lse else out
     lse = ops.varlen_forward(

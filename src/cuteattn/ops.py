@@ -169,10 +169,11 @@ def mask_of(
 def forward_problem(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
     deterministic: bool = False, softcap: float = 0.0, sink: bool = False,
-    window_left: int = -1, window_right: int = -1,
+    window_left: int = -1, window_right: int = -1, lse: bool = True,
 ) -> Problem:
     """The planner's Problem for validated inputs, on the arch of q's device (``deterministic``
-    matters to the backward's plan only; the window as ``mask_of`` normalises it)."""
+    matters to the backward's plan only; the window as ``mask_of`` normalises it; ``lse``
+    False: the caller reads no lse)."""
     batch, seqlen_q, heads_q, dim = q.shape
     causal, window = mask_of(causal, window_left, window_right, seqlen_q, k.shape[1])
     return Problem(
@@ -190,6 +191,7 @@ def forward_problem(
         window=window,
         arch=device_arch(q.device),
         deterministic=deterministic,
+        lse=lse,
     )
 
 
@@ -202,8 +204,9 @@ def launch_forward(
     plan: KernelPlan,
     sink: torch.Tensor | None = None,
     varlen: tuple | None = None,
-) -> torch.Tensor:
-    """Run ``plan``'s compiled kernel on the current stream: writes out, returns lse.
+) -> torch.Tensor | None:
+    """Run ``plan``'s compiled kernel on the current stream: writes out, returns lse (None for
+    a plan with ("lse", False), whose kernel writes none).
 
     q, k, v and out must be kernel-addressable (``validate.kernel_ready``, ``check_out_memory``);
     ``sink``, the learnable sink's fp32 logits, is given exactly when the plan has one;
@@ -214,7 +217,7 @@ def launch_forward(
         return forward_without_kernel(q, out, sink)
     cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q = varlen or (None, None, None, 0)
     with torch.cuda.device(q.device):
-        lse = empty_lse(q)
+        lse = empty_lse(q) if plan.option("lse", True) else None
         kernel = compile_forward(plan)
         sink = sink.contiguous() if sink is not None else None
         tile_counter = None
@@ -251,14 +254,16 @@ def forward(
 
 def _forward_into(
     q, k, v, out, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
-) -> torch.Tensor:
-    """The forward ops' work into an ``out`` whose memory is known good; returns lse."""
+    need_lse=True,
+) -> torch.Tensor | None:
+    """The forward ops' work into an ``out`` whose memory is known good; returns lse (or,
+    without ``need_lse``, maybe None: the kernel then writes none)."""
     if has_no_work(q, k):
         return forward_without_kernel(q, out, learnable_sink)
     q, k, v = (validate.kernel_ready(x) for x in (q, k, v))
     problem = forward_problem(
         q, k, v, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
-        sink=learnable_sink is not None,
+        sink=learnable_sink is not None, lse=need_lse,
     )
     plan = plan_forward(problem, family=family)
     return launch_forward(q, k, v, out, softmax_scale, plan, learnable_sink)
@@ -284,23 +289,32 @@ def inference(
     softcap: float,
     learnable_sink: torch.Tensor | None,
     family: str | None,
+    return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of validated q, k, v in new tensors, for calls that record no gradient and
     give no ``out``. Functional, unlike ``forward``: torch wraps an op that mutates an argument
     in a version-counter step that rebuilds the schema's arguments on every call (~40 us of
-    host time on the CI machine, the GPU's idle time between short calls)."""
+    host time on the CI machine, the GPU's idle time between short calls). Without
+    ``return_lse`` the kernel writes no lse and lse is an empty (0,) tensor."""
     out = torch.empty(out_shape(q, v), dtype=q.dtype, device=q.device)
-    return out, _forward_into(
+    lse = _forward_into(
         q, k, v, out, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
-        family,
+        family, need_lse=return_lse,
     )
+    return out, (lse if return_lse else no_lse(q))
+
+
+def no_lse(q: torch.Tensor) -> torch.Tensor:
+    """What the inference ops return for lse when the caller asked for none."""
+    return torch.empty(0, dtype=torch.float32, device=q.device)
 
 
 @inference.register_fake
 def _inference_fake(
     q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+    return_lse,
 ):
-    return q.new_empty(out_shape(q, v)), empty_lse(q)
+    return q.new_empty(out_shape(q, v)), (empty_lse(q) if return_lse else no_lse(q))
 
 
 # ---- Training: a functional forward with an autograd formula, and the backward --------------
@@ -541,7 +555,7 @@ attention.register_autograd(_attention_backward, setup_context=_attention_setup_
 
 def varlen_problem(
     q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, *, causal, window_left, window_right,
-    softcap, sink, seqused_k,
+    softcap, sink, seqused_k, lse=True,
 ) -> Problem:
     """The planner's Problem for packed (total, heads, dim) inputs: the sequence count as the
     batch and the longest sequences as the lengths (they pick the tiling, and ``mask_of``
@@ -553,7 +567,7 @@ def varlen_problem(
         heads_q=heads_q, heads_kv=k.shape[1], head_dim=dim, head_dim_v=v.shape[2],
         dtype=validate.DTYPES[q.dtype], causal=causal, arch=device_arch(q.device),
         softcap=float(softcap), sink=sink, window=window, varlen=True,
-        seqused_k=seqused_k,
+        seqused_k=seqused_k, lse=lse,
     )
 
 
@@ -589,8 +603,10 @@ def varlen_forward(
 def _varlen_forward_into(
     q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
     softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
-) -> torch.Tensor:
-    """The varlen forward ops' work into an ``out`` whose memory is known good; returns lse."""
+    need_lse=True,
+) -> torch.Tensor | None:
+    """The varlen forward ops' work into an ``out`` whose memory is known good; returns lse (or,
+    without ``need_lse``, maybe None: the kernel then writes none)."""
     q4, k4, v4, out4 = (x.unsqueeze(0) for x in (q, k, v, out))
     no_sequence = cu_seqlens_q.shape[0] == 1 or max_seqlen_q == 0 or max_seqlen_k == 0
     if has_no_work(q4, k4) or no_sequence:
@@ -599,7 +615,7 @@ def _varlen_forward_into(
     problem = varlen_problem(
         q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal=causal,
         window_left=window_left, window_right=window_right, softcap=softcap,
-        sink=learnable_sink is not None, seqused_k=seqused_k is not None,
+        sink=learnable_sink is not None, seqused_k=seqused_k is not None, lse=need_lse,
     )
     plan = plan_forward(problem, family=family)
     bookkeeping = (
@@ -607,7 +623,7 @@ def _varlen_forward_into(
         None if seqused_k is None else seqused_k.contiguous(), max_seqlen_q,
     )
     lse = launch_forward(q4, k4, v4, out4, softmax_scale, plan, learnable_sink, bookkeeping)
-    return lse.squeeze(0)
+    return None if lse is None else lse.squeeze(0)
 
 
 @varlen_forward.register_fake
@@ -635,24 +651,26 @@ def varlen_inference(
     softcap: float,
     learnable_sink: torch.Tensor | None,
     family: str | None,
+    return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``varlen_forward`` into a new out, functional (``inference`` says why): (out, lse)."""
+    """``varlen_forward`` into a new out, functional (``inference`` says why): (out, lse), lse
+    an empty (0,) tensor without ``return_lse``."""
     out = torch.empty(varlen_out_shape(q, v), dtype=q.dtype, device=q.device)
-    return out, _varlen_forward_into(
+    lse = _varlen_forward_into(
         q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
         softmax_scale, causal, window_left, window_right, softcap, learnable_sink, family,
+        need_lse=return_lse,
     )
+    return out, (lse if return_lse else no_lse(q))
 
 
 @varlen_inference.register_fake
 def _varlen_inference_fake(
     q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-    causal, window_left, window_right, softcap, learnable_sink, family,
+    causal, window_left, window_right, softcap, learnable_sink, family, return_lse,
 ):
-    return (
-        q.new_empty(varlen_out_shape(q, v)),
-        q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32),
-    )
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if return_lse else no_lse(q)
+    return q.new_empty(varlen_out_shape(q, v)), lse
 
 
 def padded_rows(total_q: int, num_seqs: int, tile_m: int) -> int:

@@ -56,6 +56,9 @@ class Problem:
     # sequences and seqlen_q / seqlen_k the longest ones; ``seqused_k`` caps each one's keys.
     varlen: bool = False
     seqused_k: bool = False
+    # Whether the forward's caller reads lse (training, return_lse). A call that does not gets
+    # plans with ("lse", False), whose kernels write none (as cuDNN and FlashAttention-4 do).
+    lse: bool = True
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,23 @@ def test_explicit_plan_runs_as_given(launches):
     assert launches[-1] is other
 
 
+def test_explicit_plan_decides_whether_lse_is_written(launches):
+    """A plan that writes no lse needs return_lse=False; return_lse=False drops the lse of a
+    plan that writes one."""
+    q, k, v = qkv(dim=128)
+    api.forward(q, k, v, causal=True, family="sm80", return_lse=False)
+    without = launches[-1]
+    assert without.option("lse") is False
+    with pytest.raises(ValueError, match=r"^plan writes no lse"):
+        api.forward(q, k, v, causal=True, plan=without)
+    assert api.forward(q, k, v, causal=True, plan=without, return_lse=False)[1] is None
+    with_lse = dataclasses.replace(
+        without, options=tuple(pair for pair in without.options if pair[0] != "lse")
+    )
+    assert api.forward(q, k, v, causal=True, plan=with_lse)[1] is not None
+    assert api.forward(q, k, v, causal=True, plan=with_lse, return_lse=False)[1] is None
+
+
 def test_explicit_plan_must_match_the_inputs(launches):
     q, k, v = qkv(dim=128)
     api.forward(q, k, v, family="sm80")

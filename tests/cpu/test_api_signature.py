@@ -332,10 +332,16 @@ def test_forward_keeps_its_keyword_signature(launches):
 
 def test_flash_attn_func_and_forward_reach_the_same_plan(launches):
     q, k, v = qkv(dim=128)
-    cuteattn.flash_attn_func(q, k, v, 0.0, None, True)
+    cuteattn.flash_attn_func(q, k, v, 0.0, None, True, return_lse=True)
     api.forward(q, k, v, causal=True)
     assert launches[0]["plan"] == launches[1]["plan"]
     assert launches[0]["plan"].arch == "sm_90a" and launches[0]["plan"].head_dim == 128
+    assert launches[0]["plan"].option("lse") is None
+    # Without return_lse (and without grad) the kernel writes no lse: its own plan.
+    cuteattn.flash_attn_func(q, k, v, 0.0, None, True)
+    got, lse = api.forward(q, k, v, causal=True, return_lse=False)
+    assert lse is None and launches[2]["plan"] == launches[3]["plan"]
+    assert launches[2]["plan"].option("lse") is False
 
 
 # Local windows ----------------------------------------------------------------------------

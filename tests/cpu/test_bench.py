@@ -397,11 +397,13 @@ def test_family_backend_forces_its_family(monkeypatch):
     call = load_backend("cuteattn-sm80")("q", "k", "v", True)
     assert call() == "out"
     assert calls == [
-        {"causal": True, "window_size": (-1, -1), "softcap": 0.0, "family": "sm80"}
+        {"causal": True, "window_size": (-1, -1), "softcap": 0.0, "family": "sm80",
+         "return_lse": False}
     ]
     load_backend("cuteattn-sm80", softcap=50.0, window=(4096, 0))("q", "k", "v", False)()
     assert calls[-1] == {
-        "causal": False, "window_size": (4096, 0), "softcap": 50.0, "family": "sm80"
+        "causal": False, "window_size": (4096, 0), "softcap": 50.0, "family": "sm80",
+        "return_lse": False,
     }
 
 

@@ -269,6 +269,28 @@ def test_sink_compiles(case):
         assert {plan.option("pack_gqa") for plan in plans} == {1, 8}
 
 
+# Forwards whose caller reads no lse (a plan option: the kernel gets no lse tensor): each
+# forward kernel class per target, packed GQA and persistent on sm90, and varlen.
+NO_LSE_CASES = (
+    ("sm80", "sm_80", 64, True, "bf16"),
+    ("sm80", "sm_120a", 128, False, "fp16"),
+    ("sm90", "sm_90a", 128, True, "bf16"),
+    ("sm90", "sm_90a", 256, False, "fp16"),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", NO_LSE_CASES, ids=lambda c: case_id(c) + "-no-lse")
+def test_forward_without_lse_compiles(case):
+    family, arch, head_dim, causal, dtype = case
+    plans, problem = short_and_long_plans(family, arch, head_dim, dtype, causal, lse=False)
+    varlen = dataclasses.replace(problem, varlen=True, batch=3)
+    plans.add(plan_forward(varlen, family=family))
+    for plan in plans:
+        assert plan.option("lse") is False, plan
+        assert compile_forward(plan) is not None, plan
+
+
 # Local windows (a plan option): each kernel class per target, with a window bounded on both
 # sides, on the left only and on the right only; packed GQA on sm90; the backward too.
 WINDOW_CASES = (

@@ -100,7 +100,10 @@ def test_opcheck(cpu_launch, shape, causal):
     out = torch.empty_like(q)
     torch.library.opcheck(OP, (q, k, v, out, 0.125, causal, -1, -1, 0.0, None, None))
     torch.library.opcheck(OP, (q, k, v, out, 0.125, causal, -1, -1, 0.0, None, "sm80"))
-    torch.library.opcheck(INFERENCE, (q, k, v, 0.125, causal, -1, -1, 0.0, None, None))
+    for return_lse in (True, False):
+        torch.library.opcheck(
+            INFERENCE, (q, k, v, 0.125, causal, -1, -1, 0.0, None, None, return_lse)
+        )
 
 
 def test_fp16(cpu_launch):
@@ -248,7 +251,7 @@ def test_compile_fullgraph_traces_one_op(no_launch):
         q, k, v = qkv(device="cuda")
         out, lse = torch.compile(attention, backend=recorder, fullgraph=True)(q, k, v)
     (call,) = recorder.op_calls()
-    assert call.args[3:] == (64**-0.5, True, -1, -1, 0.0, None, None)
+    assert call.args[3:] == (64**-0.5, True, -1, -1, 0.0, None, None, True)
     assert recorder.op_calls(OP) == []
     assert out.shape == q.shape and lse.shape == (2, 4, 16) and lse.dtype == torch.float32
 

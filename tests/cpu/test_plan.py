@@ -34,8 +34,11 @@ def problem(head_dim=128, causal=False, arch="sm_90a", **overrides):
     return Problem(**fields)
 
 
-def sm90_plan(*, persistent=False, pingpong=True, pack_gqa=1, dynamic=False, **fields):
+def sm90_plan(
+    *, persistent=False, pingpong=True, pack_gqa=1, dynamic=False, one_q_stage=False, **fields
+):
     options = (("pack_gqa", pack_gqa), ("persistent", persistent), ("pingpong", pingpong))
+    options += (("q_stages", 1),) if one_q_stage else ()
     base = dict(
         family="sm90", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
         tile_n=128, num_threads=384, num_stages=2,
@@ -274,9 +277,12 @@ GOLDEN = {
         arch="sm_86", dtype="fp16", head_dim=256, causal=True, tile_m=64
     ),
     # The planner's own choice on Hopper: the sm90 family.
-    ("sm_90a", 128, False, "bf16", None, 1000): sm90_plan(persistent=True),
+    # d128 without a mask keeps one Q stage where two would fit.
+    ("sm_90a", 128, False, "bf16", None, 1000): sm90_plan(persistent=True, one_q_stage=True),
     # Short queries with 4 query heads per KV head (problem()'s 8 / 2): packed GQA.
-    ("sm_90a", 128, False, "bf16", None, 1): sm90_plan(persistent=True, pack_gqa=4),
+    ("sm_90a", 128, False, "bf16", None, 1): sm90_plan(
+        persistent=True, pack_gqa=4, one_q_stage=True
+    ),
     ("sm_90a", 64, True, "bf16", None, 40): sm90_plan(
         head_dim=64, causal=True, persistent=True, pack_gqa=4
     ),
@@ -574,3 +580,41 @@ def test_plans_are_memoized_and_the_memo_is_bounded(monkeypatch):
     plan_forward(problem(causal=True))
     plan_forward(problem(batch=3))
     assert len(planner._PLANS) == 1
+
+
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_a_forward_without_lse_is_its_own_plan(family):
+    """("lse", False) on the forward plan of a caller that reads no lse (its kernel writes
+    none); the default and every backward plan carry no such option."""
+    with_lse = plan_forward(problem(causal=True), family=family)
+    without = plan_forward(problem(causal=True, lse=False), family=family)
+    assert with_lse.option("lse") is None and without.option("lse") is False
+    assert dataclasses.replace(without, options=tuple(
+        pair for pair in without.options if pair[0] != "lse"
+    )) == with_lse
+    assert plan_backward(problem(causal=True, lse=False), family=family).option("lse") is None
+
+
+def test_sm90_persistent_forwards_with_an_o_buffer_double_buffer_q():
+    """Every tile the sm90 planner offers: two Q stages exactly where O has a buffer of its own
+    and a second Q tile fits too (d64, d96, d128; d128 128 x 128 with two K / V stages: 224 KB
+    of tiles), else one; the accounting includes the second stage and its barriers."""
+    from cuteattn.kernels.sm90 import family, tiling
+
+    capacity = arch_from_name("sm_90a").smem_per_block
+    tile_sets = (family.SM90_TILES, family.SM90_SHORT_TILES)
+    tiles = {
+        (head_dim, tile) for tile_set in tile_sets for (head_dim, _), offered in tile_set.items()
+        for tile in offered
+    }
+    for head_dim, (tile_m, tile_n, stages, _) in tiles:
+        q_stages = tiling.separate_o_q_stages(head_dim, tile_m, tile_n, stages, capacity)
+        separate_o = tiling.separate_o_fits(head_dim, tile_m, tile_n, stages, capacity)
+        assert q_stages == (2 if head_dim <= 128 else 1), (head_dim, tile_m, tile_n)
+        assert separate_o == (head_dim <= 128)
+        two = tiling.smem_bytes(head_dim, tile_m, tile_n, stages, True, q_stages=2)
+        one = tiling.smem_bytes(head_dim, tile_m, tile_n, stages, True)
+        assert two - one == tile_m * head_dim * tiling.ELEM_BYTES + 2 * tiling.MBARRIER_BYTES
+        assert (two <= capacity) == (q_stages == 2)
+    # The d128 tile: Q 2 x 32 KB, K and V 2 x 32 KB each, O 32 KB, within the 227 KB.
+    assert tiling.smem_bytes(128, 128, 128, 2, True, q_stages=2) <= capacity

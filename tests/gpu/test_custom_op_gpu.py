@@ -32,7 +32,8 @@ def test_opcheck_with_the_kernel(causal):
     args = (q, k, v, torch.empty_like(q), 128**-0.5, causal, -1, -1, 0.0, None)
     torch.library.opcheck(op, (*args, None))
     torch.library.opcheck(op, (*args, "sm80"))
-    torch.library.opcheck(ops.inference, (q, k, v, *args[4:], None))
+    for return_lse in (True, False):
+        torch.library.opcheck(ops.inference, (q, k, v, *args[4:], None, return_lse))
 
 
 @pytest.mark.parametrize("causal", (False, True))

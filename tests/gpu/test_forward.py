@@ -77,6 +77,71 @@ def test_forward_matches_reference(
         assert torch.all(got.permute(0, 2, 1, 3)[empty_rows] == 0)
 
 
+def _poisoned_block_like(shape, dtype, device) -> int:
+    """Leave a freed NaN block of ``shape`` and ``dtype`` in torch's caching allocator (the
+    next allocation of that size reuses it); returns its address."""
+    block = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    ptr = block.data_ptr()
+    del block
+    return ptr
+
+
+@pytest.mark.parametrize("heads_q,heads_kv", ((8, 8), (8, 1)))
+@pytest.mark.parametrize("seqlen_q,seqlen_k", ((1, 239), (113, 203), (1000, 1000)))
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("family", [family.name for family in families()])
+def test_forward_without_lse_matches_reference(
+    family, head_dim, causal, seqlen_q, seqlen_k, heads_q, heads_kv
+):
+    """A call that reads no lse (no return_lse, no grad, no out): the kernel writes none and
+    out still matches; out is allocated inside the op, so it is poisoned through the
+    allocator (a freed NaN block of its size, which the op's allocation reuses)."""
+    from cuteattn import api
+    from cuteattn.reference import attention
+    from cuteattn.testing import assert_close_to_reference, skip_unless_family_runs
+
+    skip_unless_family_runs(family)
+    q = torch.randn(2, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    poison_ptr = _poisoned_block_like(q.shape, q.dtype, "cuda")
+    got, lse = api.forward(q, k, v, causal=causal, family=family, return_lse=False)
+    torch.cuda.synchronize()
+    assert lse is None
+    assert got.data_ptr() == poison_ptr, "out did not reuse the poisoned block"
+    out_ref, _ = attention(q, k, v, causal=causal)
+    out_pt, _ = attention(q, k, v, causal=causal, upcast=False)
+    assert_close_to_reference("out", got, out_ref, out_pt)
+
+
+@pytest.mark.parametrize("feature", ("softcap", "window", "sink"))
+@pytest.mark.parametrize("family", [family.name for family in families()])
+def test_forward_without_lse_with_features(family, feature):
+    """The no-LSE kernels with the score features that change the epilogue's neighbourhood:
+    soft-capping, a local window, a learnable sink (its logit still joins the softmax)."""
+    from cuteattn import api
+    from cuteattn.reference import attention
+    from cuteattn.testing import assert_close_to_reference, skip_unless_family_runs
+
+    skip_unless_family_runs(family)
+    q = torch.randn(2, 113, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 203, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    options = {
+        "softcap": dict(softcap=30.0),
+        "window": dict(window_size=(64, 0)),
+        "sink": dict(learnable_sink=torch.randn(8, device="cuda", dtype=torch.float32)),
+    }[feature]
+    poison_ptr = _poisoned_block_like(q.shape, q.dtype, "cuda")
+    got, lse = api.forward(q, k, v, causal=True, family=family, return_lse=False, **options)
+    torch.cuda.synchronize()
+    assert lse is None and got.data_ptr() == poison_ptr
+    out_ref, _ = attention(q, k, v, causal=True, **options)
+    out_pt, _ = attention(q, k, v, causal=True, upcast=False, **options)
+    assert_close_to_reference("out", got, out_ref, out_pt)
+
+
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("seqlen", (1050, 4160))
 @pytest.mark.parametrize("head_dim", (64, 128, 256))

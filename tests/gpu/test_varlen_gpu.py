@@ -75,6 +75,36 @@ def test_varlen_forward(family, head_dim, dtype, heads, causal, window, seqused)
     )
 
 
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varlen_forward_without_lse(family, head_dim, causal):
+    """No return_lse, no grad, no out: the kernel writes no lse; out (allocated in the op,
+    poisoned through the allocator: a freed NaN block of its size) matches the reference."""
+    import cuteattn
+    from cuteattn.reference import attention
+    from cuteattn.testing import assert_close_to_reference
+
+    skip_unless_family_runs(family)
+    lengths_q, lengths_k = _batch(head_dim + int(causal), 7, 700)
+    q = torch.randn(sum(lengths_q), 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths_k), 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu_q, cu_k = _cumulative(lengths_q), _cumulative(lengths_k)
+    block = torch.full_like(q, float("nan"))
+    poison_ptr = block.data_ptr()
+    del block
+    got = cuteattn.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal, family=family,
+    )
+    torch.cuda.synchronize()
+    assert got.data_ptr() == poison_ptr, "out did not reuse the poisoned block"
+    options = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    out_ref, _ = attention(q, k, v, **options)
+    out_pt, _ = attention(q, k, v, upcast=False, **options)
+    assert_close_to_reference("out", got, out_ref, out_pt)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_varlen_equals_the_padded_batch(family):
     """Sequences of one length packed give the dense call's result bitwise (the family's

@@ -45,7 +45,9 @@ def _cuteattn_loader(
                     deterministic=deterministic, family=family,
                 )
             if family is not None:
-                return lambda: api.forward(q, k, v, **options, family=family)[0]
+                return lambda: api.forward(
+                    q, k, v, **options, family=family, return_lse=False
+                )[0]
             return lambda: cuteattn.flash_attn_func(
                 q, k, v, **options, deterministic=deterministic
             )

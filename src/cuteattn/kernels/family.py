@@ -22,7 +22,7 @@ from cuteattn.plan import KernelPlan, Problem
 
 # Plan options that come from the problem's score features rather than from a family's tiling
 # choices; every family's plans carry them the same way (``with_features``).
-FEATURE_OPTIONS = ("dim", "dim_v", "seqused_k", "sink", "softcap", "varlen", "window")
+FEATURE_OPTIONS = ("dim", "dim_v", "lse", "seqused_k", "sink", "softcap", "varlen", "window")
 
 
 def kernel_head_dim(head_dims: tuple[int, ...], head_dim: int) -> int | None:
@@ -35,8 +35,11 @@ def kernel_head_dim(head_dims: tuple[int, ...], head_dim: int) -> int | None:
 def feature_options(problem: Problem, kind: str = "forward") -> tuple:
     """The (name, value) options of ``problem``'s score features for a ``kind`` plan:
     ("softcap", value) when soft-capping is on; ("sink", True) for a forward with a learnable
-    sink (the backward reads the sink only through lse)."""
+    sink (the backward reads the sink only through lse); ("lse", False) for a forward whose
+    caller reads no lse (its kernel writes none)."""
     options = []
+    if not problem.lse and kind == "forward":
+        options.append(("lse", False))
     if problem.head_dim_v != problem.head_dim:
         options.append(("dim_v", problem.head_dim_v))
     if problem.sink and kind == "forward":
@@ -70,6 +73,7 @@ def features_well_formed(plan: KernelPlan) -> bool:
     return (
         (softcap is None or (isinstance(softcap, float) and math.isfinite(softcap) and softcap > 0))
         and (sink is None or (sink is True and plan.kind == "forward"))
+        and (plan.option("lse") is None or (plan.option("lse") is False and plan.kind == "forward"))
         and dim_well_formed(plan)
         and (
             plan.option("dim_v") is None

@@ -45,14 +45,17 @@ def fake_forward_args(plan: KernelPlan) -> tuple:
     """(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q): fake
     tensors in the flash-attn layout, last mode contiguous (a varlen plan's packed tensors as
     batch 1); sink, the learnable sink's (heads_q,) fp32 logits, is None unless the plan has
-    one; the int32 cumulative lengths (batch + 1) and keys used (batch) None unless the plan is
-    varlen (with ``seqused_k``); max_seqlen_q an Int32."""
+    one; lse None for a plan with ("lse", False); the int32 cumulative lengths (batch + 1) and
+    keys used (batch) None unless the plan is varlen (with ``seqused_k``); max_seqlen_q an
+    Int32."""
     n = _fake_sizes()
     q = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"])
     k = _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"])
     v = _fake_bshd(plan, n["batch"], n["seqlen_k"], n["heads_kv"], values=True)
     out = _fake_bshd(plan, n["batch"], n["seqlen_q"], n["heads_q"], values=True)
-    lse = _fake_fp32(n["batch"], n["heads_q"], n["seqlen_q"], align=4)
+    lse = None
+    if plan.option("lse", True):
+        lse = _fake_fp32(n["batch"], n["heads_q"], n["seqlen_q"], align=4)
     sink = None
     if plan.option("sink", False):
         sink = make_fake_tensor(cutlass.Float32, (n["heads_q"],), (1,), assumed_align=4)

@@ -3,6 +3,7 @@
 Layouts (flash-attn's): q, out (batch, seqlen_q, heads_q, dim); k, v (batch, seqlen_k,
 heads_kv, dim); lse (batch, heads_q, seqlen_q) fp32. The last mode is contiguous; every other
 stride is a multiple of 8 elements (16 bytes) and may exceed 2^31 (64-bit offsets).
+lse is None for a plan with ("lse", False) (a call that reads no lse): none is written.
 
 One CTA computes one (tile_m x dim) tile of out for one (batch, head), given by the single-tile
 scheduler (longest query tiles first when causal). Algorithm:
@@ -111,7 +112,7 @@ class FlashForwardSm80(AttentionKernel):
         mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
-        mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
+        mLSE: cute.Tensor | None,  # (batch, heads_q, seqlen_q) fp32; None: not written
         mSink: cute.Tensor | None,  # (heads_q,) fp32 learnable sink logits, or None
         mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 row offsets, else None
         mCuSeqlensK: cute.Tensor | None,
@@ -195,7 +196,7 @@ class FlashForwardSm80(AttentionKernel):
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
-        mLSE: cute.Tensor,
+        mLSE: cute.Tensor | None,
         mSink: cute.Tensor | None,
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
@@ -386,14 +387,16 @@ class FlashForwardSm80(AttentionKernel):
             )
         row_scale = query.softmax.finalize(lse, sinks)
         rescale_rows(acc_O, row_scale)
-        store_lse(
-            cute.local_tile(
-                seqlen.lse_row(mLSE, batch, head, packed=self.varlen), (self.tile_m,), (m_block,)
-            ),
-            lse,
-            tile_coords(thr_mma, score_tile),
-            q_rows_left,
-        )
+        if cutlass.const_expr(mLSE is not None):
+            store_lse(
+                cute.local_tile(
+                    seqlen.lse_row(mLSE, batch, head, packed=self.varlen), (self.tile_m,),
+                    (m_block,),
+                ),
+                lse,
+                tile_coords(thr_mma, score_tile),
+                q_rows_left,
+            )
         # O overwrites the Q buffer: the Q cp.async must have landed (a tile that saw no
         # key never waited for it) and every warp must be done reading Q and V.
         cute.arch.cp_async_wait_group(0)

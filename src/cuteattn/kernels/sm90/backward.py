@@ -137,6 +137,11 @@ class FlashBackwardSm90(AttentionKernel):
         # Query tiles past 64 rows hold more score registers per thread: dV is issued after
         # dS^T is formed (see ``consume``).
         self.dv_after_ds = self.tile_m > 64
+        # Taller query tiles read each step's lse / dpsum as 2 values per lane and 64 query
+        # columns, shuffled to the lanes that need them (``own_stats``), instead of a shared
+        # memory load per column: 1.05-1.09x faster at d64 (128 rows); 64-row tiles keep the
+        # loads (the shuffles cost d128 1-5%, d96 1%; twelfth session, docs/PERF.md).
+        self.shuffle_stats = self.dv_after_ds
         assert not self.dq_transposed or self.dq_split_dim, "a transposed dQ splits dim"
         self.dq_chunk_cols = self.head_dim // chunks
         self.dq_row = self.dq_chunk_cols + row_pad
@@ -639,6 +644,7 @@ class FlashBackwardSm90(AttentionKernel):
         batch: Int32, steps: dict,
     ):
         tidx, wg_idx, wg_tidx = consumer_thread()
+        lane = cute.arch.lane_idx()
         tanh_scale = capping.tanh_scale(softmax_scale, self.softcap)
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
         # Shared-memory operands are partitioned per warpgroup (WGMMA reads them as a whole).
@@ -713,7 +719,6 @@ class FlashBackwardSm90(AttentionKernel):
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
             ds_stage = step % DS_STAGES
-            num_cols = cute.size(st_coords, mode=[1])
 
             # 1. S^T = K Q^T, dP^T = V dO^T; per-query lse of this thread's columns read while
             # they run.
@@ -725,9 +730,7 @@ class FlashBackwardSm90(AttentionKernel):
             acc_St = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
             gemm(tiled_mma_sdp, acc_St, tSrK, tSrQ[None, None, None, state.index],
                  zero_init=True, wait_groups=-1)
-            col_lse = cute.make_rmem_tensor(num_cols, Float32)
-            for c in cutlass.range_constexpr(num_cols):
-                col_lse[c] = sLSE[st_coords[0, c][1], state.index]
+            lse_cols = self.column_stats(sLSE, state.index, lane, st_coords)
             pipeline_do.consumer_wait(state, pipeline_do.consumer_try_wait(state))
             acc_dPt = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
             gemm(tiled_mma_sdp, acc_dPt, tdPrV, tdPrdO[None, None, None, state.index],
@@ -746,20 +749,21 @@ class FlashBackwardSm90(AttentionKernel):
                 needs_mask = needs_mask | self.block_info().hides_window_keys(
                     seqlen, m_block, n_block
                 )
-            if needs_mask:
-                self.mask_keys_major(acc_St, st_coords, st_coords_t0, n_block, m_block, seqlen)
             scores = acc_as_rows_cols(acc_St)
             # Soft-capped, P^T goes to the dV GEMM from a tensor of its own and the scores
             # keep P^T (1 - t^2) for dS^T (a held tanh would cost 64 registers).
             probs = cute.make_fragment_like(acc_St) if self.softcap > 0 else acc_St
             probs_rc = acc_as_rows_cols(probs)
-            for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
-                for c in cutlass.range_constexpr(num_cols):
-                    score = scores[r, c]
-                    prob = cute.math.exp2(score * scale_log2 - col_lse[c], fastmath=True)
-                    probs_rc[r, c] = prob
-                    if cutlass.const_expr(self.softcap > 0):
-                        scores[r, c] = capping.chain_score_grad(prob, score, self.softcap)
+            if needs_mask:
+                self.mask_keys_major(acc_St, st_coords, st_coords_t0, n_block, m_block, seqlen)
+            lse_of = self.column_stat_reader(lse_cols, st_coords_t0, lane)
+            for r, c in self.score_order(scores):
+                lse_c = lse_of(c)
+                score = scores[r, c]
+                prob = cute.math.exp2(score * scale_log2 - lse_c, fastmath=True)
+                probs_rc[r, c] = prob
+                if cutlass.const_expr(self.softcap > 0):
+                    scores[r, c] = capping.chain_score_grad(prob, score, self.softcap)
             if cutlass.const_expr(not self.dv_after_ds):
                 convert_packed(probs, tdVrPt)
                 # 3. dV += P^T dO (register A operand), issued before waiting for dP^T: the
@@ -769,15 +773,14 @@ class FlashBackwardSm90(AttentionKernel):
                      zero_init=False, wait_groups=1)
             else:
                 warpgroup.wait_group(0)  # dP^T
+            dpsum_cols = self.column_stats(sDpsum, state.index, lane, st_coords)
 
             # dS^T = P^T (dP^T - dpsum)
-            col_dpsum = cute.make_rmem_tensor(num_cols, Float32)
-            for c in cutlass.range_constexpr(num_cols):
-                col_dpsum[c] = sDpsum[st_coords[0, c][1], state.index]
             dscores = acc_as_rows_cols(acc_dPt)
-            for r in cutlass.range_constexpr(cute.size(dscores, mode=[0])):
-                for c in cutlass.range_constexpr(num_cols):
-                    dscores[r, c] = scores[r, c] * (dscores[r, c] - col_dpsum[c])
+            dpsum_of = self.column_stat_reader(dpsum_cols, st_coords_t0, lane)
+            for r, c in self.score_order(dscores):
+                dpsum_c = dpsum_of(c)
+                dscores[r, c] = scores[r, c] * (dscores[r, c] - dpsum_c)
             if cutlass.const_expr(self.dv_after_ds):
                 # 3'. Taller query tiles (FlashAttention-4's order): dV once dS^T is formed and
                 # stored, so that P^T's bf16 copy is not live beside dP^T and dpsum (ptxas
@@ -939,6 +942,63 @@ class FlashBackwardSm90(AttentionKernel):
                     stages[None, None, state.index], rows_left, wg_tidx, THREADS_PER_WARPGROUP,
                     int(BackwardBarrier.ZEROED) + wg_idx,
                 )
+
+    @cute.jit
+    def column_stats(self, sRow, stage, lane, st_coords):
+        """A query tile's per-query statistic (lse or dpsum) in ``sRow[:, stage]`` as this
+        thread needs it for its score columns: shuffled (``own_stats``) or one per column."""
+        if cutlass.const_expr(self.shuffle_stats):
+            return self.own_stats(sRow, stage, lane)
+        num_cols = cute.size(st_coords, mode=[1])
+        stats = cute.make_rmem_tensor(num_cols, Float32)
+        for c in cutlass.range_constexpr(num_cols):
+            stats[c] = sRow[st_coords[0, c][1], stage]
+        return stats
+
+    def column_stat_reader(self, stats, st_coords_t0, lane):
+        """c -> the statistic of this thread's score column c (``column_stats``); a shuffled
+        one is shuffled once, where the unrolled code first asks for it."""
+        if cutlass.const_expr(not self.shuffle_stats):
+            return lambda c: stats[c]
+        shuffled = {}
+
+        def read(c):
+            if c not in shuffled:
+                shuffled[c] = self.stat_of(stats, st_coords_t0[0, c][1], lane)
+            return shuffled[c]
+
+        return read
+
+    def score_order(self, scores):
+        """The (row, column) order in which the unrolled code visits a thread's scores:
+        column by column where each column's statistic comes by a shuffle (the shuffle then
+        feeds the exponentials right away), else row by row."""
+        rows, cols = cute.size(scores, mode=[0]), cute.size(scores, mode=[1])
+        if self.shuffle_stats:
+            return [(r, c) for c in range(cols) for r in range(rows)]
+        return [(r, c) for r in range(rows) for c in range(cols)]
+
+    @cute.jit
+    def own_stats(self, sRow, stage, lane):
+        """This lane's share of a query tile's per-query statistic (lse or dpsum) in
+        ``sRow[:, stage]``: the WGMMA accumulator puts column 8 j + 2 (lane % 4) + e (e in 0,
+        1) in lanes with that lane % 4, so lane group g = lane // 4 keeps columns
+        8 (g + 8 h) + 2 (lane % 4) + e and ``stat_of`` shuffles each column's value to the
+        others (FlashAttention-4's way: 2 loads per 64 columns instead of one per column)."""
+        groups = -(-self.tile_m // 64)
+        own = cute.make_rmem_tensor(2 * groups, Float32)
+        for h in cutlass.range_constexpr(groups):
+            for e in cutlass.range_constexpr(2):
+                column = 8 * (lane // 4 + 8 * h) + 2 * (lane % 4) + e
+                if cutlass.const_expr(self.tile_m % 64 != 0):
+                    column = cutlass.min(column, self.tile_m - 1)  # no such column: unused
+                own[2 * h + e] = sRow[column, stage]
+        return own
+
+    def stat_of(self, own, col_t0, lane):
+        """The statistic of this lane's column whose thread-0 column is ``col_t0``."""
+        j, e = col_t0 // 8, col_t0 % 2
+        return cute.arch.shuffle_sync(own[2 * (j // 8) + e], (j % 8) * 4 + lane % 4)
 
     @cute.jit
     def hand_over_dq(self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, wg_idx: Int32):

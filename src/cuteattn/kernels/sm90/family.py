@@ -6,7 +6,10 @@ Plan options (compile-time switches, ``KernelPlan.options``):
     warpgroup's softmax overlaps the other's GEMMs;
   - ``persistent``: one CTA per SM walks the work tiles; the next tile's loads overlap this
     tile's epilogue (its Q too where O has a buffer of its own in shared memory or takes V's
-    stages, else after O's store: ``tiling.separate_o_fits``, ``tiling.o_in_v_fits``);
+    stages, else after O's store: ``tiling.separate_o_fits``, ``tiling.o_in_v_fits``; with a
+    buffer of its own, two Q stages where they fit, so the next Q loads while this tile runs:
+    ``tiling.separate_o_q_stages``); ``q_stages`` 1 (absent: as many as fit) keeps one
+    where two fit (``keeps_one_q_stage``);
   - ``pack_gqa``: query heads per KV head stacked in one tile's rows (1: off). With GQA and
     short queries, a tile of one head is mostly padding and every query head reloads the same
     K and V; packed, one tile serves the whole group (``should_pack_gqa``).
@@ -130,6 +133,14 @@ def hands_out_tiles(problem: Problem, tile_m: int) -> bool:
     )
 
 
+def keeps_one_q_stage(head_dim: int, causal: bool, window) -> bool:
+    """Whether a persistent forward keeps one Q stage where two fit: d128 without a mask
+    (twelfth session, docs/PERF.md: two stages 616 / 626 against one's 686 / 691 TFLOP/s at
+    4k, within 1% at 1k and 16k); masked d128 and d64 / d96 take two (d64 1k 1.02-1.03x,
+    d128 causal 1k 1.02x)."""
+    return head_dim == 128 and not causal and window is None
+
+
 def default_pingpong(head_dim: int, tile_m: int) -> bool:
     """Ping-pong pays where softmax is a large share of a tile's time (head dims up to 128)."""
     return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
@@ -245,13 +256,16 @@ class Sm90Family(KernelFamily):
     def plan(
         self, arch: ArchCaps, *, dtype, head_dim, causal, tile_m, tile_n, num_stages,
         persistent, pingpong=None, pack_gqa=1, features: tuple = (), dynamic=False,
+        one_q_stage=False,
     ) -> KernelPlan:
         """A forward plan; ``features``: the problem's feature options (``with_features``).
         Soft-capped, it also carries ("exp2_poly", every) unless that is 0; ``dynamic``
-        (persistent): ("dynamic", True), the tiles handed out from a counter."""
+        (persistent): ("dynamic", True), the tiles handed out from a counter; ``one_q_stage``
+        (persistent): ("q_stages", 1)."""
         if pingpong is None:
             pingpong = default_pingpong(head_dim, tile_m)
         tuning = (("dynamic", True),) if dynamic else ()
+        tuning += (("q_stages", 1),) if one_q_stage else ()
         if dict(features).get("softcap", 0.0) > 0:
             every = softcap_exp2_poly_every()
             tuning += (("exp2_poly", every),) if every > 0 else ()
@@ -304,6 +318,9 @@ class Sm90Family(KernelFamily):
                         pack_gqa=problem.heads_q // problem.heads_kv if pack else 1,
                         features=features,
                         dynamic=persistent and hands_out_tiles(problem, tile_m),
+                        one_q_stage=persistent and keeps_one_q_stage(
+                            head_dim, problem.causal, problem.window
+                        ),
                     )
                 )
         return tuple(plans)
@@ -364,7 +381,7 @@ class Sm90Family(KernelFamily):
             and plan.arch == arch.name
             and self.supports(arch)
             and plan.dtype in DTYPES
-            and tuple(name for name in names if name != "dynamic") in (
+            and tuple(name for name in names if name not in ("dynamic", "q_stages")) in (
                 ("pack_gqa", "persistent", "pingpong"),
                 ("exp2_poly", "pack_gqa", "persistent", "pingpong"),
             )
@@ -372,6 +389,10 @@ class Sm90Family(KernelFamily):
                 plan.option("dynamic") is True and bool(plan.option("persistent"))
                 and not plan.option("varlen", False)
                 and (plan.causal or plan.option("window") is not None)
+            ))
+            and (plan.option("q_stages") is None or (
+                type(plan.option("q_stages")) is int and plan.option("q_stages") == 1
+                and bool(plan.option("persistent"))
             ))
             and (plan.option("exp2_poly") is None or (
                 type(plan.option("exp2_poly")) is int and plan.option("exp2_poly") > 0
@@ -434,6 +455,10 @@ class Sm90Family(KernelFamily):
                 arch_from_name(plan.arch).smem_per_block, plan.option("dim_v"),
             ),
             o_in_v=tiling.o_in_v_fits(plan.tile_m, plan.tile_n, plan.num_stages),
+            q_stages=plan.option("q_stages") or tiling.separate_o_q_stages(
+                plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
+                arch_from_name(plan.arch).smem_per_block, plan.option("dim_v"),
+            ),
             pack_gqa=plan.option("pack_gqa"),
             sink=plan.option("sink", False),
         )

@@ -3,6 +3,7 @@
 Layouts (flash-attn's): q, out (batch, seqlen_q, heads_q, dim); k, v (batch, seqlen_k,
 heads_kv, dim); lse (batch, heads_q, seqlen_q) fp32. The last mode is contiguous; other strides
 are multiples of 16 bytes and may exceed 2^31 (TMA descriptors hold 64-bit strides).
+lse is None for a plan with ("lse", False) (a call that reads no lse): none is written.
 
 A CTA computes (tile_m x dim) tiles of out, one (m_block, head, batch) work tile at a time:
 one per CTA, or, persistent, a strided share of all of them (``LinearTileScheduler``: L2-sized
@@ -24,7 +25,8 @@ sections of heads, longest query tiles first when causal). Its warpgroups:
   - epilogue: O /= row_sum, LSE = (max * scale) + ln(row_sum); O goes registers -> shared
     memory -> global by a TMA store, which clips rows past seqlen_q; the LSE is written from
     registers. Single-tile kernels put O in Q's buffer; persistent ones have an O buffer of
-    their own where it fits, so the next tile's Q can load while O is stored, else (d192,
+    their own where it fits, so the next tile's Q can load while O is stored (and, with two Q
+    stages where they fit too, d64 to d128, while this tile's last key tiles run), else (d192,
     d256) O takes V's stages (the next tile's first V load waits until O's store has read
     them), or, where they are too small, Q's buffer, whose stage the consumers release once
     O's store has read it.
@@ -41,7 +43,8 @@ tile past the last sequence's end, which does nothing.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256 and dim_v == dim, or (192, 128) (V and
 O then have dim_v columns, O in Q's buffer); tile_m = 64 per
-consumer warpgroup (1..3); tile_n a multiple of 16; Q (+ O), stages of K and V within 227 KB.
+consumer warpgroup (1..3); tile_n a multiple of 16; Q (one or two stages, + O), stages of K
+and V within 227 KB.
 
 Compile and run: ``cuteattn.flash_attn_func`` plans, compiles (once per plan) and launches it;
 tests/cpu/test_compile.py cross-compiles the variants for sm_90a on a CPU.
@@ -139,7 +142,8 @@ class Mainloop(NamedTuple):
     thr_mma_qk: cute.ThrMma
     tiled_mma_qk: cute.TiledMma
     tiled_mma_pv: cute.TiledMma
-    tSrQ: cute.Tensor  # Q, shared memory, as the A operand of S = Q K^T
+    # Q, shared memory, as the A operand of S = Q K^T (two Q stages: with a stage mode)
+    tSrQ: cute.Tensor
     tSrK: cute.Tensor  # K stages, the B operand
     tOrVt: cute.Tensor  # V^T stages, the B operand of O += P V
     tOrP: cute.Tensor  # P in registers, the A operand
@@ -163,6 +167,7 @@ class FlashForwardSm90(AttentionKernel):
         dynamic: bool = False,
         separate_o: bool = True,
         o_in_v: bool = False,
+        q_stages: int = 1,
         pack_gqa: int = 1,
         sink: bool = False,
         exp2_poly_every: int = 0,
@@ -177,7 +182,10 @@ class FlashForwardSm90(AttentionKernel):
         (``tiling.separate_o_fits``: d192 / d256 tiles leave no room) O takes V's stages where
         they hold it (``o_in_v``, ``tiling.o_in_v_fits``: Q is free after the last S, and only
         the next tile's first V waits until O's store has read them), else Q's buffer (the
-        next Q waits until O's store has read it). shape: ``AttentionKernel``'s fields."""
+        next Q waits until O's store has read it). q_stages (separate_o only, else 1): Q
+        buffers, 2 where they fit (``tiling.separate_o_q_stages``): the next work tile's Q
+        loads while this one's key tiles still read their own. shape: ``AttentionKernel``'s
+        fields."""
         super().__init__(**shape)
         self.sink = sink
         # Every that-many-th exponential of the softmax on the FMA pipe (soft-capping: the
@@ -192,6 +200,11 @@ class FlashForwardSm90(AttentionKernel):
         self.q_holds_o = persistent and not separate_o and not self.o_in_v
         # Q is read by no GEMM after the last S: released then, unless O takes its buffer.
         self.q_free_after_qk = self.separate_o or self.o_in_v
+        # Two Q stages (separate O only): the producer loads the next tile's Q as soon as it
+        # has issued this tile's loads, not once both consumer warpgroups are past their last
+        # S. Every other plan keeps one stage (and its code as it was).
+        self.q_stages = q_stages if self.separate_o else 1
+        assert self.q_stages in (1, 2)
         self.pack_gqa = pack_gqa
         # Query positions per tile: packed, each position takes pack_gqa rows, and the rows
         # past the last whole group stay idle (tile_m need not be a multiple of pack_gqa).
@@ -232,7 +245,7 @@ class FlashForwardSm90(AttentionKernel):
         mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, dim)
-        mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32
+        mLSE: cute.Tensor | None,  # (batch, heads_q, seqlen_q) fp32; None: not written
         mSink: cute.Tensor | None,  # (heads_q,) fp32 learnable sink logits, or None
         mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 row offsets, else None
         mCuSeqlensK: cute.Tensor | None,
@@ -270,12 +283,18 @@ class FlashForwardSm90(AttentionKernel):
                 _pack_heads(t, self.pack_gqa, seq=1, head=2, inner=(3,), outer=(0,))
                 for t in (mQ, mO)
             )
-            mLSE = _pack_heads(mLSE, self.pack_gqa, seq=2, head=1, outer=(0,))
+            if cutlass.const_expr(mLSE is not None):
+                mLSE = _pack_heads(mLSE, self.pack_gqa, seq=2, head=1, outer=(0,))
         else:
             mQ, mO = (permuted(t, [1, 3, 2, 0]) for t in (mQ, mO))
-            mLSE = permuted(mLSE, [2, 1, 0])  # (seqlen_q, heads_q, batch)
+            if cutlass.const_expr(mLSE is not None):
+                mLSE = permuted(mLSE, [2, 1, 0])  # (seqlen_q, heads_q, batch)
 
-        sQ_layout = smem_layout(self.dtype, self.tile_m, self.head_dim)
+        # One Q tile (TMA's box), and Q's buffer: that tile, or q_stages of them.
+        sQ_stage_layout = smem_layout(self.dtype, self.tile_m, self.head_dim)
+        sQ_layout = sQ_stage_layout
+        if cutlass.const_expr(self.q_stages > 1):
+            sQ_layout = smem_layout(self.dtype, self.tile_m, self.head_dim, self.q_stages)
         sK_layout = smem_layout(self.dtype, self.tile_n, self.head_dim, self.num_stages)
         sV_layout = smem_layout(self.dtype, self.tile_n, self.head_dim_v, self.num_stages)
         sO_layout = smem_layout(self.dtype, self.tile_m, self.head_dim_v)
@@ -283,7 +302,7 @@ class FlashForwardSm90(AttentionKernel):
 
         @cute.struct
         class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             tile_slot: cute.struct.MemRange[Int32, 1 if self.dynamic else 0]  # the next index
@@ -295,7 +314,7 @@ class FlashForwardSm90(AttentionKernel):
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
-        sQ_tile_layout = self.query_smem(sQ_layout)
+        sQ_tile_layout = self.query_smem(sQ_stage_layout)
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
             tma_load, mQ, sQ_tile_layout, self.query_tile_shape()
         )
@@ -386,7 +405,8 @@ class FlashForwardSm90(AttentionKernel):
         mK: cute.Tensor,
         mV: cute.Tensor,
         mO: cute.Tensor,
-        mLSE: cute.Tensor,  # (seqlen_q, heads_q, batch); packed: (group, seqlen_q, heads_kv, batch)
+        mLSE: cute.Tensor | None,  # (seqlen_q, heads_q, batch); packed: (group, seqlen_q, heads_kv,
+        #   batch); None: not written
         mSink: cute.Tensor | None,
         mO_rows: cute.Tensor | None,  # varlen: out as given, (1, total_q, heads_q, dim)
         mCuSeqlensQ: cute.Tensor | None,
@@ -417,7 +437,7 @@ class FlashForwardSm90(AttentionKernel):
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), 1, tile_bytes_q)
+        pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), self.q_stages, tile_bytes_q)
         pipeline_k = self.tma_pipeline(storage.mbar_k.data_ptr(), self.num_stages, tile_bytes_kv)
         pipeline_v = self.tma_pipeline(storage.mbar_v.data_ptr(), self.num_stages, tile_bytes_v)
         o_read = None
@@ -527,12 +547,14 @@ class FlashForwardSm90(AttentionKernel):
         tiles: tuple,
         o_read: cute.Pointer | None,
     ):
-        """Per work tile: Q, then K and V tiles from the last visible one down to 0, in the
-        order the consumers use them (with intra-warpgroup overlap K(n - 1) before V(n))."""
+        """Per work tile: Q and the first K tile (one Q stage: that K first, then Q once the
+        consumers have released the last tile's; two: Q first), then K and V tiles from the
+        last visible one down to 0, in the order the consumers use them (with intra-warpgroup
+        overlap K(n - 1) before V(n))."""
         # O in V's stages: the phase of ``o_read`` the next tile's first V load waits for (a
         # fresh mbarrier counts its phase before the first as completed).
         o_phase = Int32(1)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         scheduler = self.make_scheduler(counts, cu_seqlens["mCuSeqlensQ"], tiles, producer=True)
         work = scheduler.initial_work_tile()
@@ -578,15 +600,26 @@ class FlashForwardSm90(AttentionKernel):
         tile_v = (self.tile_n, self.head_dim_v)
         gK = cute.local_tile(self.key_rows(mK, head_kv, work.batch, seqlen), tile_kv, (None, 0))
         gV = cute.local_tile(self.key_rows(mV, head_kv, work.batch, seqlen), tile_v, (None, 0))
+        sQ_stage = sQ
+        if cutlass.const_expr(self.q_stages > 1):
+            sQ_stage = sQ[None, None, q_state.index]  # the stage this tile's Q loads into
         tQsQ, tQgQ = self.tma_partition(
-            tma_atom_q, self.query_smem(sQ), gQ, tile_rank=cute.rank(gQ)
+            tma_atom_q, self.query_smem(sQ_stage), gQ, tile_rank=cute.rank(gQ)
         )
         tKsK, tKgK = self.tma_partition(tma_atom_k, sK, gK)
         tVsV, tVgV = self.tma_partition(tma_atom_v, sV, gV)
         if n_block_max > n_block_min:
+            if cutlass.const_expr(self.q_stages > 1):
+                # Its stage was released by the tile before last (after that tile's last S);
+                # with short key ranges the producer may wait for it here, harmlessly: this
+                # tile's first K waits for the same consumers anyway.
+                self.load_q(tma_atom_q, tQgQ, tQsQ, pipeline_q, q_state)
+                q_state.advance()
             self.load_tile(tma_atom_k, tKgK, tKsK, pipeline_k, n_block_max - 1, kv_state)
-            self.load_q(tma_atom_q, tQgQ, tQsQ, pipeline_q, q_state)
-            q_state.advance()
+            if cutlass.const_expr(self.q_stages == 1):
+                # One stage: K goes out while the consumers may still hold the last tile's Q.
+                self.load_q(tma_atom_q, tQgQ, tQsQ, pipeline_q, q_state)
+                q_state.advance()
             for i in cutlass.range(n_block_max - 1 - n_block_min, unroll=1):
                 n_block = n_block_max - 2 - i
                 v_state = kv_state.clone()
@@ -707,7 +740,7 @@ class FlashForwardSm90(AttentionKernel):
     def consume(
         self,
         mO: cute.Tensor,
-        mLSE: cute.Tensor,
+        mLSE: cute.Tensor | None,
         mSink: cute.Tensor | None,
         sQ: cute.Tensor,
         sK: cute.Tensor,
@@ -735,6 +768,7 @@ class FlashForwardSm90(AttentionKernel):
         # Shared-memory operands are partitioned per warpgroup (WGMMA reads them as a whole).
         wg_mma_qk = tiled_mma_qk.get_slice(wg_idx * THREADS_PER_WARPGROUP)
         wg_mma_pv = tiled_mma_pv.get_slice(wg_idx * THREADS_PER_WARPGROUP)
+        # Two Q stages: a stage mode last, the work tile's stage taken in ``consume_tile``.
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(transposed(sV)))
@@ -758,7 +792,7 @@ class FlashForwardSm90(AttentionKernel):
                 )
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         loop = Mainloop(
             thr_mma_qk=thr_mma_qk, tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv,
             tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tOrP=tOrP, acc_O=acc_O,
@@ -798,6 +832,10 @@ class FlashForwardSm90(AttentionKernel):
                     pack_gqa=self.pack_gqa, window=self.window,
                 )
             )
+        if cutlass.const_expr(self.q_stages > 1):
+            # This tile's Q stage: q_state advances once per tile with keys, as the producer's
+            # does (a tile with no key neither loads nor reads Q).
+            loop = loop._replace(tSrQ=loop.tSrQ[None, None, None, q_state.index])
         acc_O, thr_mma_qk, pending_scale = loop.acc_O, loop.thr_mma_qk, loop.pending_scale
         m_block = work.m_block
         n_block_min, n_block_max = self.key_tile_range(block_info, seqlen, m_block)
@@ -829,8 +867,9 @@ class FlashForwardSm90(AttentionKernel):
                     wait_stage(pipeline_q, q_state)
                     kv_state = self.drain_tiles(loop, kv_state, n_block_max - n_block_min)
                     # Q's stage released once, as the tiles below release it (with a
-                    # separate O after the drain: the producer asks for the next Q only
-                    # after this tile's K / V loads).
+                    # separate O after the drain: with one Q stage the producer asks for
+                    # the next Q only after this tile's K / V loads; with two, it loaded it
+                    # into the other stage already).
                     if cutlass.const_expr(self.q_free_after_qk):
                         pipeline_q.consumer_release(q_state)
                     if cutlass.const_expr(not self.persistent):
@@ -898,7 +937,12 @@ class FlashForwardSm90(AttentionKernel):
             kv_state = self.release_last_v(loop, kv_state)
         rescale_rows(acc_O, row_scale)
         positions_left = seqlen.seqlen_q - m_block * self.tile_positions
-        if cutlass.const_expr(self.varlen):
+        gLSE = None
+        if cutlass.const_expr(mLSE is None):
+            rows_left = positions_left
+            if cutlass.const_expr(self.pack_gqa > 1 and not self.varlen):
+                rows_left = self.pack_gqa * cutlass.min(positions_left, self.tile_positions)
+        elif cutlass.const_expr(self.varlen):
             gLSE = cute.local_tile(
                 cute.domain_offset((seqlen.offset_q,), mLSE[None, work.head, 0]),
                 (self.tile_m,), (m_block,),
@@ -915,7 +959,6 @@ class FlashForwardSm90(AttentionKernel):
                 (self.pack_gqa, self.tile_positions), (0, m_block),
             )
             rows_left = self.pack_gqa * cutlass.min(positions_left, self.tile_positions)
-        store_lse(gLSE, lse, score_coords, rows_left)
         if cutlass.const_expr(self.varlen):
             gO = cute.local_tile(
                 seqlen.rows(mO_rows, work.batch, work.head, keys=False, packed=True),
@@ -938,6 +981,11 @@ class FlashForwardSm90(AttentionKernel):
             self.wait_for_o_store_reads(tidx)
             if cute.arch.lane_idx() == 0:
                 cute.arch.mbarrier_arrive(o_read)
+        # Last: LSE stores in flight before a fence to the async proxy (O's store; the wait
+        # before Q's or V's buffer is handed back) made it wait for them (ncu: that fence's
+        # long-scoreboard stalls were ~7x cuDNN's).
+        if cutlass.const_expr(mLSE is not None):
+            store_lse(gLSE, lse, score_coords, rows_left)
         return q_state, kv_state
 
     @cute.jit

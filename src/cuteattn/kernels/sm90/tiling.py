@@ -23,15 +23,15 @@ def num_threads(tile_m: int) -> int:
 
 def smem_bytes(
     head_dim: int, tile_m: int, tile_n: int, num_stages: int, separate_o: bool,
-    head_dim_v: int | None = None,
+    head_dim_v: int | None = None, q_stages: int = 1,
 ) -> int:
-    """Q tile, num_stages K and V tiles, an O tile unless it reuses Q's buffer, barriers; V and
-    O have ``head_dim_v`` columns (default head_dim, at most head_dim)."""
+    """``q_stages`` Q tiles, num_stages K and V tiles, an O tile unless it reuses Q's buffer,
+    barriers; V and O have ``head_dim_v`` columns (default head_dim, at most head_dim)."""
     head_dim_v = head_dim_v or head_dim
-    q = tile_m * head_dim * ELEM_BYTES
+    q = q_stages * tile_m * head_dim * ELEM_BYTES
     o = tile_m * head_dim_v * ELEM_BYTES if separate_o else 0
     kv = num_stages * tile_n * (head_dim + head_dim_v) * ELEM_BYTES
-    barriers = (2 + 4 * num_stages) * MBARRIER_BYTES
+    barriers = (2 * q_stages + 4 * num_stages) * MBARRIER_BYTES
     return q + o + kv + barriers + 1024  # + alignment slack
 
 
@@ -74,3 +74,19 @@ def separate_o_fits(
     """Whether a persistent kernel's O gets a buffer of its own (the next tile's Q then loads
     during this tile's epilogue); else O takes V's stages (``o_in_v_fits``) or Q's buffer."""
     return smem_bytes(head_dim, tile_m, tile_n, num_stages, True, head_dim_v) <= smem_capacity
+
+
+def separate_o_q_stages(
+    head_dim: int, tile_m: int, tile_n: int, num_stages: int, smem_capacity: int,
+    head_dim_v: int | None = None,
+) -> int:
+    """Q stages of a persistent kernel whose O has a buffer of its own (``separate_o_fits``):
+    two where a second Q tile fits too, so that the next work tile's Q loads while this one
+    still reads its own (the consumers then find it in place at the tile's start; with one
+    stage it could load only once both consumer warpgroups were past their last S), else one.
+    The planner's tiles: d64, d96, d128 get two (d128 128 x 128, two K / V stages: 224 KB of
+    Q, K, V and O)."""
+    two = smem_bytes(
+        head_dim, tile_m, tile_n, num_stages, True, head_dim_v, q_stages=2
+    ) <= smem_capacity
+    return 2 if two else 1
