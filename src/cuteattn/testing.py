@@ -229,3 +229,33 @@ def check_family_forward(q, k, v, *, causal: bool, family: str) -> None:
     out_pt, lse_pt = attention(q, k, v, causal=causal, upcast=False)
     assert_close_to_reference("out", got, out_ref, out_pt)
     assert_close_to_reference("lse", lse, lse_ref, lse_pt)
+
+
+def check_packed_batch_plan(head_dim: int, causal: bool, make_plan, repeat: int = 1) -> None:
+    """A packed batch (GQA 8 / 2, bf16) whose sequences include ones without keys, without
+    queries and of one row among long ones (the list ``repeat`` times), run with
+    ``make_plan(planner's plan)`` into a poisoned out: out and lse against the reference's."""
+    from cuteattn import ops
+    from cuteattn.plan import plan_forward
+
+    lengths_q = [0, 1, 1300, 257, 2100, 640, 999, 128] * repeat
+    lengths_k = [3, 0, 700, 257, 2500, 100, 999, 1] * repeat
+    cu_q, cu_k = (
+        torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        for n in (lengths_q, lengths_k)
+    )
+    q = torch.randn(sum(lengths_q), 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths_k), 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = poison_like(q)
+    problem = ops.varlen_problem(
+        q, k, v, cu_q, max(lengths_q), max(lengths_k), causal=causal, window_left=-1,
+        window_right=-1, softcap=0.0, sink=False, seqused_k=False,
+    )
+    plan = make_plan(plan_forward(problem, family="sm90"))
+    lse = ops.launch_forward(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
+        head_dim ** -0.5, plan, None, (cu_q, cu_k, None, max(lengths_q)),
+    ).squeeze(0)
+    torch.cuda.synchronize()
+    assert_attention_close(out, lse, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal)

@@ -564,6 +564,28 @@ def test_dynamic_tile_counter_only_for_persistent_fixed_length_causal_or_window_
     assert sm90.fake_tile_counter(plan_forward(problem())) is None
 
 
+def test_one_q_stage_only_where_measured_and_only_on_persistent_plans():
+    """d128 without a mask keeps one Q stage where two fit (plan option ("q_stages", 1));
+    masked d128 and d64 take as many as fit; the option is refused on single-tile plans and
+    with any other value, and reaches the kernel."""
+    sm90, h200 = get_family("sm90"), arch_from_name("sm_90a")
+    dense = plan_forward(problem(128, False, seqlen_q=4096, seqlen_k=4096))
+    assert dense.option("persistent") and dense.option("q_stages") == 1
+    for other in (problem(128, True), problem(128, False, window=(256, 0)), problem(64, False)):
+        assert plan_forward(other).option("q_stages") is None
+    assert sm90.can_implement(dense, h200)
+    for options in (
+        tuple((n, False if n == "persistent" else v) for n, v in dense.options),
+        tuple((n, 2 if n == "q_stages" else v) for n, v in dense.options),
+        tuple((n, True if n == "q_stages" else v) for n, v in dense.options),
+    ):
+        assert not sm90.can_implement(dataclasses.replace(dense, options=options), h200)
+    two = dataclasses.replace(
+        dense, options=tuple((n, v) for n, v in dense.options if n != "q_stages")
+    )
+    assert sm90.kernel(dense).q_stages == 1 and sm90.kernel(two).q_stages == 2
+
+
 def test_plans_are_memoized_and_the_memo_is_bounded(monkeypatch):
     """A problem planned again gets the same plan object without planning (host time per
     call); a refusal is not remembered; a full memo starts over."""

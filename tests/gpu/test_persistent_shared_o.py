@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cuteattn.plan import get_family
-from cuteattn.testing import skip_unless_family_runs
+from cuteattn.testing import check_packed_batch_plan, skip_unless_family_runs
 
 pytestmark = pytest.mark.gpu
 
@@ -112,30 +112,5 @@ def _check_against_reference(q, k, v, plan, causal, window):
     [(192, False, "v"), (192, True, "v"), (256, False, "v"), (256, True, "v"), (256, True, "q")],
 )
 def test_persistent_packed_batch_without_an_o_buffer(head_dim, causal, o_buffer):
-    from cuteattn import ops
-    from cuteattn.plan import plan_forward
-    from cuteattn.testing import assert_attention_close
-
     skip_unless_family_runs("sm90")
-    lengths_q = [0, 1, 1300, 257, 2100, 640, 999, 128]
-    lengths_k = [3, 0, 700, 257, 2500, 100, 999, 1]
-    cu_q, cu_k = (
-        torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-        for n in (lengths_q, lengths_k)
-    )
-    q = torch.randn(sum(lengths_q), 8, head_dim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lengths_k), 2, head_dim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    out = torch.full_like(q, float("nan"))
-    problem = ops.varlen_problem(
-        q, k, v, cu_q, max(lengths_q), max(lengths_k), causal=causal, window_left=-1,
-        window_right=-1, softcap=0.0, sink=False, seqused_k=False,
-    )
-    plan = _persistent(plan_forward(problem, family="sm90"), o_buffer)
-    bookkeeping = (cu_q, cu_k, None, max(lengths_q))
-    lse = ops.launch_forward(
-        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
-        head_dim ** -0.5, plan, None, bookkeeping,
-    ).squeeze(0)
-    torch.cuda.synchronize()
-    assert_attention_close(out, lse, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal)
+    check_packed_batch_plan(head_dim, causal, lambda plan: _persistent(plan, o_buffer))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cuteattn.plan import get_family
-from cuteattn.testing import skip_unless_family_runs
+from cuteattn.testing import check_packed_batch_plan, skip_unless_family_runs
 
 pytestmark = pytest.mark.gpu
 
@@ -28,9 +28,10 @@ def _two_q_stages(plan, pack_gqa: int = 1):
             return True
         return pack_gqa if name == "pack_gqa" and pack_gqa > 1 else value
 
-    plan = dataclasses.replace(
-        plan, options=tuple((name, option(name, value)) for name, value in plan.options)
-    )
+    # Without ("q_stages", 1), with which the planner keeps one stage (d128 dense).
+    plan = dataclasses.replace(plan, options=tuple(
+        (name, option(name, value)) for name, value in plan.options if name != "q_stages"
+    ))
     arch = arch_from_name(plan.arch)
     assert get_family("sm90").can_implement(plan, arch), plan
     assert tiling.separate_o_q_stages(
@@ -101,29 +102,5 @@ def test_two_q_stages_packed_gqa(head_dim, causal):
 def test_two_q_stages_packed_batch(head_dim, causal):
     """Persistent varlen (the planner's for d64 and d128 dense; causal made persistent here):
     sequences without keys, without queries and of one row among long ones."""
-    from cuteattn import ops
-    from cuteattn.plan import plan_forward
-    from cuteattn.testing import assert_attention_close
-
     skip_unless_family_runs("sm90")
-    lengths_q = [0, 1, 1300, 257, 2100, 640, 999, 128] * 3
-    lengths_k = [3, 0, 700, 257, 2500, 100, 999, 1] * 3
-    cu_q, cu_k = (
-        torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-        for n in (lengths_q, lengths_k)
-    )
-    q = torch.randn(sum(lengths_q), 8, head_dim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lengths_k), 2, head_dim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    out = torch.full_like(q, float("nan"))
-    problem = ops.varlen_problem(
-        q, k, v, cu_q, max(lengths_q), max(lengths_k), causal=causal, window_left=-1,
-        window_right=-1, softcap=0.0, sink=False, seqused_k=False,
-    )
-    plan = _two_q_stages(plan_forward(problem, family="sm90"))
-    lse = ops.launch_forward(
-        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
-        head_dim ** -0.5, plan, None, (cu_q, cu_k, None, max(lengths_q)),
-    ).squeeze(0)
-    torch.cuda.synchronize()
-    assert_attention_close(out, lse, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal)
+    check_packed_batch_plan(head_dim, causal, _two_q_stages, repeat=3)
