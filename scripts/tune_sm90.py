@@ -40,7 +40,8 @@ from cuteattn.bench.runner import (
     log_to_stderr,
     run_benchmark,
 )
-from cuteattn.kernels.sm90.family import SM90_TILES
+from cuteattn.kernels.sm90 import tiling
+from cuteattn.kernels.sm90.family import SM90_TILES, keeps_one_q_stage
 from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_forward
 from cuteattn.runtime.arch import device_arch
 
@@ -79,14 +80,19 @@ def candidate_name(plan: KernelPlan) -> str:
         mode = "dynamic"
     group = plan.option("pack_gqa", 1)
     packed = f"-pack{group}" if group > 1 else ""
-    return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}"
+    one_q = "-q1" if plan.option("q_stages") == 1 else ""
+    return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}"
 
 
 def candidates(
-    arch, shape: Shape, dtype: str, tiles, persistent_modes, pack_modes=(False,)
+    arch, shape: Shape, dtype: str, tiles, persistent_modes, pack_modes=(False,),
+    one_q_stage_modes=None,
 ) -> tuple[dict, list]:
     """The plans to time for ``shape`` by name, and the names of those the family cannot
-    implement on ``arch``."""
+    implement on ``arch``; ``one_q_stage_modes`` (True): persistent plans that would take two
+    Q stages are timed with one ("-q1"); None: as the planner chooses (``keeps_one_q_stage``)."""
+    if one_q_stage_modes is None:
+        one_q_stage_modes = (keeps_one_q_stage(shape.dim, shape.causal, None),)
     family = get_family("sm90")
     # The family's entries lead with (tile_m, tile_n, num_stages); what follows is its own
     # persistence policy, which --persistent replaces here.
@@ -97,11 +103,19 @@ def candidates(
     for tile_m, tile_n, num_stages in tiles:
         for persistent, pack_gqa in ((p, g) for p in persistent_modes for g in groups):
             # Persistent causal: the static stride and the dynamic hand-out, both.
-            for dynamic in (False, True) if persistent and shape.causal else (False,):
+            two_q_stages = persistent and tiling.separate_o_fits(
+                shape.dim, tile_m, tile_n, num_stages, arch.smem_per_block
+            ) and tiling.separate_o_q_stages(
+                shape.dim, tile_m, tile_n, num_stages, arch.smem_per_block
+            ) == 2
+            for dynamic, one_q_stage in (
+                (d, one) for d in ((False, True) if persistent and shape.causal else (False,))
+                for one in (one_q_stage_modes if two_q_stages else (False,))
+            ):
                 plan = family.plan(
                     arch, dtype=dtype, head_dim=shape.dim, causal=shape.causal, tile_m=tile_m,
                     tile_n=tile_n, num_stages=num_stages, persistent=persistent, pingpong=None,
-                    pack_gqa=pack_gqa, dynamic=dynamic,
+                    pack_gqa=pack_gqa, dynamic=dynamic, one_q_stage=one_q_stage,
                     # As the bench's calls (no grad, no return_lse): the kernel writes no lse.
                     features=(("lse", False),),
                 )
@@ -194,6 +208,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pack-gqa", choices=tuple(PERSISTENT_MODES), default="false",
                         help="packed GQA candidates (query heads per KV head in one tile): "
                              "true, false or both (default: false)")
+    parser.add_argument("--one-q-stage", choices=("planner", *PERSISTENT_MODES), default="planner",
+                        help="persistent plans that fit two Q stages: with one (true), two "
+                             "(false), both, or as the planner chooses (default)")
     parser.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",
                         help="time forward plans (default) or backward plans")
     parser.add_argument("--family", choices=("sm90", "sm80"), default="sm90",
@@ -229,7 +246,7 @@ def main(argv=None) -> int:
     for shape in shapes:
         plans, skipped = candidates(
             arch, shape, args.dtype, args.tiles, PERSISTENT_MODES[args.persistent],
-            PERSISTENT_MODES[args.pack_gqa],
+            PERSISTENT_MODES[args.pack_gqa], PERSISTENT_MODES.get(args.one_q_stage),
         )
         if skipped:
             log_to_stderr(f"{shape.label()}: sm90 cannot implement {', '.join(skipped)} on {arch.name}; skipped")

@@ -105,3 +105,17 @@ def test_help_runs_without_a_gpu():
     )
     assert proc.returncode == 0, proc.stderr
     assert "--tiles" in proc.stdout and "--persistent" in proc.stdout
+
+
+def test_one_q_stage_candidates(tune):
+    """Persistent plans that fit two Q stages: as the planner chooses by default (d128 dense:
+    one), or each way ("-q1": one); plans with one stage anyway get no "-q1" twin."""
+    dense = Shape(dim=128, seqlen=4096, causal=False, batch=8, heads=16)
+    plans, _ = tune.candidates(HOPPER, dense, "bf16", None, (True,))
+    assert list(plans) == ["128x128x2-persistent-q1"]
+    assert tune.planner_choice(HOPPER, dense, "bf16") in plans
+    plans, _ = tune.candidates(HOPPER, dense, "bf16", None, (True, False), one_q_stage_modes=(False, True))
+    assert list(plans) == ["128x128x2-persistent", "128x128x2-persistent-q1", "128x128x2-single"]
+    wide = Shape(dim=256, seqlen=4096, causal=False, batch=8, heads=8)
+    plans, _ = tune.candidates(HOPPER, wide, "bf16", [(128, 80, 2)], (True,), one_q_stage_modes=(False, True))
+    assert list(plans) == ["128x80x2-persistent"]
