@@ -23,7 +23,9 @@ def test_sm90_backward_tiles_fit_shared_memory():
     from cuteattn.arch import arch_from_name
     from cuteattn.kernels.sm90.family import (
         BACKWARD_TILES,
+        backward_dq_buffers,
         backward_dq_chunks,
+        backward_dq_single_wg,
         backward_smem_bytes,
     )
 
@@ -31,6 +33,13 @@ def test_sm90_backward_tiles_fit_shared_memory():
     assert backward_dq_chunks(128, 80) == (2, 0)
     assert backward_dq_chunks(64, 128) == (1, 0) and backward_dq_chunks(64, 64) == (2, 0)
     assert backward_dq_chunks(96, 64) == (1, 0) and backward_dq_chunks(256, 64) == (4, 8)
+    # d96: warpgroup 0 alone computes dQ (one buffer, one addition per element); no other.
+    assert backward_dq_single_wg(96, 64) and backward_dq_buffers(96, 64) == 1
+    for head_dim, tiles in BACKWARD_TILES.items():
+        for tile_m, _, _ in tiles:
+            if head_dim != 96:
+                assert not backward_dq_single_wg(head_dim, tile_m), (head_dim, tile_m)
+                assert backward_dq_buffers(head_dim, tile_m) == 2
     for head_dim, tiles in BACKWARD_TILES.items():
         for tile_m, tile_n, stages in tiles:
             chunks, pad = backward_dq_chunks(head_dim, tile_m)
@@ -41,9 +50,9 @@ def test_sm90_backward_tiles_fit_shared_memory():
 def test_sm90_fragment_order_geometry():
     """The sm90 backward's dQ in fragment order (``kernels/sm90/dq_fragments.py``): for every
     tile it offers up to d128, the warpgroups' blocks cover the query tile exactly once (split
-    by keys: both add the whole tile into one block), each thread's share is whole 16-byte
-    vectors, and the blocks are the unpadded (rows, chunk) regions of dq_accum the postprocess
-    reads."""
+    by keys, or d96's warpgroup 0 alone: one block holds the whole tile), each thread's share
+    is whole 16-byte vectors, and the blocks are the unpadded (rows, chunk) regions of dq_accum
+    the postprocess reads."""
     pytest.importorskip("cutlass")
     from cuteattn.kernels.sm90.dq_fragments import THREADS, VECTOR, DqSplit
     from cuteattn.kernels.sm90.family import BACKWARD_TILES, backward_dq_chunks

@@ -11,9 +11,10 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
     (query head, m_block) step into two-stage rings (mbarrier pipelines), the step's lse with
     Q and its dpsum with dO (1-D bulk copies on the same barriers); warp 1 adds each
     step's dQ from shared memory to dq_accum with one bulk reduction (cp.reduce.async.bulk) per
-    warpgroup share: L2 takes whole lines instead of one fp32 atomic per element, and the
-    consumers only wait for the buffer, never for global memory. dq_accum is laid out for it:
-    (batch, heads, chunks, rows, chunk dim), a chunk per warpgroup share of the columns, so
+    warpgroup share (d96: one, warpgroup 0's): L2 takes whole lines instead of one fp32 atomic
+    per element, and the consumers only wait for the buffer, never for global memory.
+    dq_accum is laid out for it: (batch, heads, chunks, rows, chunk dim), a chunk per
+    warpgroup share of the columns, so
     that each share of a query tile is one contiguous block (family.py ``dq_accum_chunks``),
     which holds the share in the fragment order of the dQ GEMM's accumulator (FlashAttention-4's
     layout: thread t's values 4i..4i+3 at floats (128 i + t) * 4 of its warpgroup's buffer, so
@@ -35,8 +36,11 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
          256-thread barrier, one
          add per element; d64's 128-row query tiles split the rows instead (each warpgroup
          its 64 queries, every column, same barrier); d96, whose half is not a whole swizzle
-         atom: each warpgroup computes its own keys' share of every column into its own
-         buffer, two adds per element.
+         atom: warpgroup 0 alone computes all of dQ over all 128 keys (reading both
+         warpgroups' dS^T after the same 256-thread barrier) into the one buffer, one add per
+         element (FlashAttention-4's dQ_single_wg; family.py ``backward_dq_single_wg``), and
+         warpgroup 1 skips the dQ GEMM and the hand-over. (Each warpgroup adding its own
+         keys' share of every column, two adds per element, remains the code's fallback.)
     Then dK *= softmax_scale; dK and dV go through K's and V's buffers (stmatrix) to global
     memory by TMA, which clips the rows past seqlen_k.
 
@@ -69,6 +73,7 @@ from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.epilogue import store_o
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
+from cuteattn.kernels.common.opaque import computed_here
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
 from cuteattn.kernels.common.tile_scheduler import (
@@ -78,6 +83,7 @@ from cuteattn.kernels.common.tile_scheduler import (
 )
 from cuteattn.kernels.sm90.family import (
     backward_dq_chunks,
+    backward_dq_single_wg,
     backward_dq_splits_rows,
 )
 from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
@@ -95,7 +101,7 @@ class BackwardBarrier(enum.IntEnum):
     warpgroup."""
 
     # dS^T of this step is in shared memory: split by keys, per warpgroup (128 threads); split
-    # by dim, DS_READY alone (256 threads).
+    # by dim or rows, or warpgroup 0 alone computing dQ (d96), DS_READY alone (256 threads).
     DS_READY = 1
     # A warpgroup's dQ buffer: EMPTY once warp 1's bulk reductions have read it, FULL once the
     # warpgroup has written it (128 + 32 threads).
@@ -124,7 +130,7 @@ class FlashBackwardSm90(AttentionKernel):
         # d64 splits them too in 64-row query tiles (one bulk addition per element instead of
         # two: half the L2 reduction traffic) and its rows in 128-row ones (each warpgroup its
         # 64 queries: m64n64 WGMMAs, and K keeps its full-width swizzle), d96 cannot (48
-        # columns are no whole swizzle atom).
+        # columns are no whole swizzle atom): warpgroup 0 computes it alone (``dq_single_wg``).
         # Each consumer warpgroup's share goes through a (tile_m, dq_chunk_cols) buffer, as
         # dq_accum's chunks hold it: in fragment order, or (wide kernels) in padded rows.
         chunks, row_pad = backward_dq_chunks(self.head_dim, self.tile_m)
@@ -140,14 +146,29 @@ class FlashBackwardSm90(AttentionKernel):
         # Taller query tiles read each step's lse / dpsum as 2 values per lane and 64 query
         # columns, shuffled to the lanes that need them (``own_stats``), instead of a shared
         # memory load per column: 1.05-1.09x faster at d64 (128 rows); 64-row tiles keep the
-        # loads (the shuffles cost d128 1-5%, d96 1%; twelfth session, docs/PERF.md).
-        self.shuffle_stats = self.dv_after_ds
+        # loads (the shuffles cost d128 1-5%, d96 1%; twelfth session, docs/PERF.md). So does
+        # d128's 80-row tile (FlashAttention-4's loads: 10 LDS.64 per statistic): shuffled, its
+        # 40 SHFL per step sit after the dP^T wait and ptxas hoists that wait above every
+        # exponential and even the lse FFMAs, so nothing of the softmax overlaps dP^T.
+        self.shuffle_stats = self.dv_after_ds and not self.dq_transposed
+        # dpsum loaded before the dP^T wait (FlashAttention-4's order) where it is one load per
+        # column pair: in flight while dP^T runs.
+        self.early_dpsum = self.dv_after_ds and not self.shuffle_stats
+        # 64-row tiles: dV's k-blocks issued before dP^T's wait (the exponentials overlap dP^T),
+        # the rest after dS^T is stored (in flight at the DS_READY barrier). None: all first.
+        self.dv_first_k_blocks = None if self.dv_after_ds else tuple(range(0, self.tile_m // 32))
         assert not self.dq_transposed or self.dq_split_dim, "a transposed dQ splits dim"
         self.dq_chunk_cols = self.head_dim // chunks
         self.dq_row = self.dq_chunk_cols + row_pad
         # Rows of a warpgroup's dQ buffer (and of its bulk addition).
         self.dq_buffer_rows = self.tile_m // NUM_CONSUMER_WGS if self.dq_split_rows else self.tile_m
         self.dq_passes = 1  # dQ GEMMs (and buffer hand-overs) per warpgroup and step
+        # d96 (split neither by rows nor by columns): warpgroup 0 alone computes dQ over all
+        # the tile's keys (FlashAttention-4's dQ_single_wg), one buffer and one bulk addition
+        # per step; warpgroup 1 skips the dQ GEMM and the hand-over.
+        self.dq_single_wg = backward_dq_single_wg(self.head_dim, self.tile_m)
+        # Warpgroups that hand dQ to warp 1 (a buffer and a DQ_EMPTY / DQ_FULL pair each).
+        self.dq_wgs = 1 if self.dq_single_wg else NUM_CONSUMER_WGS
         # The consumers' barrier around the dK / dV tiles in shared memory.
         self.epilogue_sync = functools.partial(
             cute.arch.barrier, barrier_id=int(BackwardBarrier.EPILOGUE),
@@ -159,7 +180,10 @@ class FlashBackwardSm90(AttentionKernel):
         return wg if self.dq_split_dim else 0
 
     def dq_blocks_shared(self, dq_pass: int) -> bool:
-        """Whether both warpgroups add to the same block of dq_accum (split by keys)."""
+        """Whether both warpgroups add to the same block of dq_accum (split by keys; never
+        where warpgroup 0 alone hands dQ over)."""
+        if self.dq_single_wg:
+            return False
         return not self.dq_split_rows and self.dq_chunk(0, dq_pass) == self.dq_chunk(1, dq_pass)
 
     def k_smem_layout(self):
@@ -240,15 +264,16 @@ class FlashBackwardSm90(AttentionKernel):
         sPdS_layout = self.pds_layout()
         # lse and dpsum of a step's queries, one per Q / dO stage.
         sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
-        # A buffer per warpgroup, (rows, (chunk cols, warpgroup)): the wide kernels' padded
-        # rows (split by dim, the two buffers side by side are the (tile_m, head_dim) tile of
-        # dQ); in fragment order the same bytes hold each buffer's flat block.
+        # A buffer per warpgroup that hands dQ over, (rows, (chunk cols, warpgroup)): the wide
+        # kernels' padded rows (split by dim, the two buffers side by side are the
+        # (tile_m, head_dim) tile of dQ); in fragment order the same bytes hold each buffer's
+        # flat block. d96 (``dq_single_wg``): warpgroup 0's only.
         sdQ_layout = cute.make_layout(
-            (self.dq_buffer_rows, (self.dq_chunk_cols, NUM_CONSUMER_WGS)),
+            (self.dq_buffer_rows, (self.dq_chunk_cols, self.dq_wgs)),
             stride=(self.dq_row, (1, self.dq_buffer_rows * self.dq_row)),
         )
         # Wide kernels' whole padded rows: each bulk reduction reads its last row's pad too.
-        sdQ_elems = NUM_CONSUMER_WGS * self.dq_buffer_rows * self.dq_row
+        sdQ_elems = self.dq_wgs * self.dq_buffer_rows * self.dq_row
 
         @cute.struct
         class SharedStorage:
@@ -383,6 +408,9 @@ class FlashBackwardSm90(AttentionKernel):
             n_block = turns.key_tile_of_block(
                 block, cute.arch.grid_dim()[0], descending=descending
             )
+            # Kept in a register: left to the compiler, every key-loop step that needs it
+            # (the causal / window mask checks) reads %ctaid.x again (``computed_here``).
+            n_block = computed_here(n_block)
         if warp_idx == 0:
             for atom in (
                 tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv
@@ -570,8 +598,9 @@ class FlashBackwardSm90(AttentionKernel):
         self, mdQaccum: cute.Tensor, mSemaphore: cute.Tensor | None, sdQ: cute.Tensor,
         block_info: BlockInfo, seqlen: SeqlenInfo, n_block: Int32, batch: Int32, steps: dict,
     ):
-        """Per step and consumer warpgroup: hand its dQ buffer back once the previous reduction
-        has read it, wait until it is full, add it to its block of dq_accum.
+        """Per step and consumer warpgroup that hands dQ over (d96: warpgroup 0 only): hand
+        its dQ buffer back once the previous reduction has read it, wait until it is full, add
+        it to its block of dq_accum.
 
         Deterministic: the additions to a query tile happen in turn order (``turns``), and
         where both warpgroups add to the same block (split by keys) the first one's addition
@@ -583,10 +612,10 @@ class FlashBackwardSm90(AttentionKernel):
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
             for dq_pass in cutlass.range_constexpr(self.dq_passes):
-                for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
+                for wg in cutlass.range_constexpr(self.dq_wgs):
                     # Bulk groups complete in order: this warpgroup's last group is done
                     # reading once at most the later warpgroups' groups are in flight.
-                    cute.arch.cp_async_bulk_wait_group(NUM_CONSUMER_WGS - 1 - wg, read=True)
+                    cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - wg, read=True)
                     cute.arch.barrier_arrive(
                         barrier_id=BackwardBarrier.DQ_EMPTY + wg,
                         number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
@@ -598,7 +627,7 @@ class FlashBackwardSm90(AttentionKernel):
                     if lane == 0:
                         turns.wait_for_turn(counter, turn)
                     cute.arch.sync_warp()
-                for wg in cutlass.range_constexpr(NUM_CONSUMER_WGS):
+                for wg in cutlass.range_constexpr(self.dq_wgs):
                     chunk = self.dq_chunk(wg, dq_pass)
                     rows = seqlen.buffer_rows(
                         mdQaccum[None, None, chunk, None, None], batch, head,
@@ -659,7 +688,7 @@ class FlashBackwardSm90(AttentionKernel):
             thr_dq = tiled_mma_dq.get_slice(wg_tidx)
             wg_dq = tiled_mma_dq.get_slice(0)
             ds_threads, ds_ready = THREADS_PER_WARPGROUP, BackwardBarrier.DS_READY + wg_idx
-            if cutlass.const_expr(self.dq_split_rows):
+            if cutlass.const_expr(self.dq_split_rows or self.dq_single_wg):
                 # Its queries' dS spans both warpgroups' keys.
                 ds_threads, ds_ready = self.num_consumer_threads, BackwardBarrier.DS_READY
         tile_st = (self.tile_n, self.tile_m)  # S^T: keys x queries
@@ -683,6 +712,9 @@ class FlashBackwardSm90(AttentionKernel):
             queries = (self.tile_n, self.dq_buffer_rows)
             sdSt_dq = cute.flat_divide(sdSt, queries)[None, None, 0, wg_idx, None]
             sK_dq = sK
+        elif cutlass.const_expr(self.dq_single_wg):
+            # Warpgroup 0 only: A = dS (all queries x all keys, both warpgroups' dS^T), B = K^T.
+            sdSt_dq, sK_dq = sdSt, sK
         else:
             # A = dS[:, this warpgroup's keys] (queries x 64), B = K[its keys]^T.
             keys = (KEYS_PER_WARPGROUP, self.tile_m)
@@ -695,9 +727,11 @@ class FlashBackwardSm90(AttentionKernel):
         else:
             tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sdSt_dq)))
             tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sK_dq)))
-        # This thread's places in its warpgroup's buffer (fragment order).
+        # This thread's places in its warpgroup's buffer (fragment order; d96: warpgroup 0's,
+        # the only one).
         dq_values = cute.size(thr_dq.partition_shape_C(dq_tile))
-        tdQsdQ = fragment_slots(sdQ[None, (None, wg_idx)], wg_tidx, dq_values)
+        dq_buffer = 0 if self.dq_single_wg else wg_idx
+        tdQsdQ = fragment_slots(sdQ[None, (None, dq_buffer)], wg_tidx, dq_values)
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
@@ -711,8 +745,11 @@ class FlashBackwardSm90(AttentionKernel):
         )
         store_dst = cute.make_tiled_copy_C(stmatrix, tiled_mma_sdp).get_slice(tidx)
         tdSsdSt = store_dst.partition_D(sdSt)
-        # Keys past seqlen_k exist only in the last key tile.
-        tile_past_seqlen_k = (n_block + 1) * self.tile_n > seqlen.seqlen_k
+        # Keys past seqlen_k exist only in the last key tile. Computed here, once: left to
+        # the compiler, it reads %ctaid.x and seqlen_k again on every step (``computed_here``).
+        tile_past_seqlen_k = computed_here(
+            Int32((n_block + 1) * self.tile_n > seqlen.seqlen_k)
+        ) != 0
 
         self.wait_for_key_tile(pipeline_kv, sK, sV, seqlen, n_block, tidx)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -769,11 +806,16 @@ class FlashBackwardSm90(AttentionKernel):
                 # 3. dV += P^T dO (register A operand), issued before waiting for dP^T: the
                 # exponentials above overlap the dP^T GEMM (ptxas cannot hoist the wait above a
                 # WGMMA issue), and dV runs while dS^T is formed.
+                # Only the first half of its k-blocks: the second goes out with dS^T (below),
+                # in flight while the warpgroups meet before dQ.
                 gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
-                     zero_init=False, wait_groups=1)
+                     zero_init=False, wait_groups=1, k_blocks=self.dv_first_k_blocks)
             else:
+                if cutlass.const_expr(self.early_dpsum):
+                    dpsum_cols = self.column_stats(sDpsum, state.index, lane, st_coords)
                 warpgroup.wait_group(0)  # dP^T
-            dpsum_cols = self.column_stats(sDpsum, state.index, lane, st_coords)
+            if cutlass.const_expr(not self.early_dpsum):
+                dpsum_cols = self.column_stats(sDpsum, state.index, lane, st_coords)
 
             # dS^T = P^T (dP^T - dpsum)
             dscores = acc_as_rows_cols(acc_dPt)
@@ -795,26 +837,42 @@ class FlashBackwardSm90(AttentionKernel):
             if cutlass.const_expr(self.dv_after_ds):
                 gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
                      zero_init=False, wait_groups=-1)
+            elif cutlass.const_expr(self.dv_first_k_blocks is not None):
+                gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
+                     zero_init=False, wait_groups=-1,
+                     k_blocks=tuple(range(len(self.dv_first_k_blocks), self.tile_m // 16)))
 
             # 4b. dQ = dS K once dS^T is complete in shared memory. Generic-proxy writes must
             # be visible to WGMMA (async proxy) before it reads them. The other dS^T buffer
-            # is free: every thread finished last step's dQ GEMM before reaching this barrier.
+            # is free: every thread finished last step's dQ GEMM before reaching this barrier
+            # (d96: warpgroup 0's dQ GEMM reads both warpgroups' dS^T, and the barrier spans
+            # both: warpgroup 1 rewrites this step's buffer two steps on, past the next step's
+            # barrier, which warpgroup 0 reaches only once this step's dQ GEMM is complete).
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=ds_ready, number_of_threads=ds_threads)
-            acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(dq_tile), Float32)
-            if cutlass.const_expr(self.dq_transposed):
-                gemm(tiled_mma_dq, acc_dQ, tdQrK, tdQrdS[None, None, None, ds_stage],
-                     zero_init=True, wait_groups=-1)
+            dq_step = dict(
+                tdQrK=tdQrK, tdQrdS=tdQrdS, tdKrdSt=tdKrdSt, tdKrQt=tdKrQt, tdQsdQ=tdQsdQ,
+                ds_stage=ds_stage, dq_tile=dq_tile,
+            )
+            if cutlass.const_expr(not self.dq_single_wg):
+                self.dq_and_dk(
+                    tiled_mma_dq, tiled_mma_dkv, thr_dq, acc_dK, pipeline_do, state, wg_idx,
+                    **dq_step,
+                )
             else:
-                gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_stage], tdQrK,
-                     zero_init=True, wait_groups=-1)
-            # 3'. dK += dS^T Q (register A operand), in flight while dQ goes out.
-            gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
-                 zero_init=False, wait_groups=1)
-            # dV and dQ are done: dO of this stage is free, dQ goes to warp 1's buffer.
-            pipeline_do.consumer_release(state)
-            self.hand_over_dq(fragment_vectors(acc_dQ), tdQsdQ, wg_idx)
-            warpgroup.wait_group(0)
+                # Warpgroup 0 computes dQ over all keys and hands it over; warpgroup 1 only
+                # adds its dK (warp-uniform branch; both wait for all their WGMMAs inside).
+                if wg_idx == 0:
+                    self.dq_and_dk(
+                        tiled_mma_dq, tiled_mma_dkv, thr_dq, acc_dK, pipeline_do, state, 0,
+                        **dq_step,
+                    )
+                else:
+                    # 3'. dK += dS^T Q; dV is done once at most dK is in flight.
+                    gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
+                         zero_init=False, wait_groups=1)
+                    pipeline_do.consumer_release(state)
+                    warpgroup.wait_group(0)
             pipeline_q.consumer_release(state)
             state.advance()
 
@@ -829,6 +887,27 @@ class FlashBackwardSm90(AttentionKernel):
             self.store_dkv(
                 acc_dK, acc_dV, sK, sV, tiled_mma_dkv, dkv_out, n_block, batch, steps
             )
+
+    def dq_and_dk(
+        self, tiled_mma_dq, tiled_mma_dkv, thr_dq, acc_dK, pipeline_do, state, wg_idx, *,
+        tdQrK, tdQrdS, tdKrdSt, tdKrQt, tdQsdQ, ds_stage, dq_tile,
+    ):
+        """A step's dQ GEMM, its dK GEMM, dO's release and dQ's hand-over to warp 1; returns
+        with every WGMMA of the step complete (traced inline: plain Python)."""
+        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(dq_tile), Float32)
+        if cutlass.const_expr(self.dq_transposed):
+            gemm(tiled_mma_dq, acc_dQ, tdQrK, tdQrdS[None, None, None, ds_stage],
+                 zero_init=True, wait_groups=-1)
+        else:
+            gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_stage], tdQrK,
+                 zero_init=True, wait_groups=-1)
+        # 3'. dK += dS^T Q (register A operand), in flight while dQ goes out.
+        gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
+             zero_init=False, wait_groups=1)
+        # dV and dQ are done: dO of this stage is free, dQ goes to warp 1's buffer.
+        pipeline_do.consumer_release(state)
+        self.hand_over_dq(fragment_vectors(acc_dQ), tdQsdQ, wg_idx)
+        warpgroup.wait_group(0)
 
     @cute.jit
     def store_dkv(

@@ -31,6 +31,7 @@ from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common.convert import convert_packed
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.mask import AttentionMask
+from cuteattn.kernels.common.opaque import computed_here
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.smem_tiles import transposed
 from cuteattn.kernels.sm90.backward import (
@@ -157,8 +158,10 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         s_coords = tile_coords(thr_sdp, tile_s)
         num_rows = cute.size(s_coords, mode=[0])
         tPsP, tdSsdS = thr_sdp.partition_C(sP), thr_sdp.partition_C(sdS)
-        # Keys past seqlen_k exist only in the last key tile.
-        tile_past_seqlen_k = (n_block + 1) * self.tile_n > seqlen.seqlen_k
+        # Keys past seqlen_k exist only in the last key tile (computed once: ``computed_here``).
+        tile_past_seqlen_k = computed_here(
+            Int32((n_block + 1) * self.tile_n > seqlen.seqlen_k)
+        ) != 0
 
         self.wait_for_key_tile(pipeline_kv, sK, sV, seqlen, n_block, tidx)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)

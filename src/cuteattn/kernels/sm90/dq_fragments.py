@@ -37,9 +37,10 @@ def fragment_vectors(acc: cute.Tensor) -> cute.Tensor:
 class DqSplit:
     """How the two consumer warpgroups share dQ of a (tile_m, head_dim) query tile (see
     ``kernels/sm90/backward.py``): by columns (``by_dim``: d64 / d128 in 64-row tiles), by rows
-    (``by_rows``: d64's 128-row tile, each its 64 queries), or by keys (d96: each its keys'
-    share of the whole tile, added twice); ``transposed``: a tile_m that is no multiple of 64
-    (dQ^T = K^T dS^T, dim along M, split by dim)."""
+    (``by_rows``: d64's 128-row tile, each its 64 queries), or not at all (d96: warpgroup 0
+    alone, over all keys, family.py ``backward_dq_single_wg``; the fallback, by keys, has each
+    warpgroup add its keys' share of the whole tile to the same block); ``transposed``: a
+    tile_m that is no multiple of 64 (dQ^T = K^T dS^T, dim along M, split by dim)."""
 
     def __init__(self, head_dim: int, tile_m: int):
         chunks, _ = backward_dq_chunks(head_dim, tile_m)
@@ -49,8 +50,8 @@ class DqSplit:
         self.transposed = tile_m % 64 != 0
         self.chunk_cols = head_dim // chunks
         self.buffer_rows = tile_m // 2 if self.by_rows else tile_m
-        # Blocks (warpgroup buffers) that make up a query tile: split by keys, both warpgroups
-        # add to one.
+        # Blocks (warpgroup buffers) that make up a query tile: d96, one (warpgroup 0's; the
+        # fallback by keys: both warpgroups add to one).
         self.blocks = 2 if (self.by_dim or self.by_rows) else 1
 
     def tile(self) -> tuple[int, int]:
@@ -63,7 +64,9 @@ class DqSplit:
     def tiled_mma(self, dtype: type[cutlass.Numeric]) -> cute.TiledMma:
         """dQ = dS K with A = dS and B = K^T, both MN-major from shared memory: split by dim,
         the warpgroups take a chunk of columns each (k over all keys), else one warpgroup's
-        (64 queries, dim) (k over its keys, or, split by rows, all of them). Transposed: A = K^T
+        (64 queries, dim) (k over all keys: split by rows, or d96's warpgroup 0 alone; the
+        fallback by keys, over its own). The accumulator's layout (the fragment order) does
+        not depend on k. Transposed: A = K^T
         (dim x keys), B = dS (queries x keys), each warpgroup its chunk of dim along M."""
         mn_major = cute.nvgpu.OperandMajorMode.MN
         if self.transposed:

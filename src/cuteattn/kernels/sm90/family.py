@@ -190,15 +190,33 @@ def backward_dq_chunks(head_dim: int, tile_m: int = 64) -> tuple[int, int]:
     """(chunks, row_pad) of dq_accum for the sm90 backward. Up to d128 the two consumer
     warpgroups split dQ's rows in d64's 128-row query tiles (one chunk), else its columns where
     half the dim is whole 64- or 128-byte swizzle rows of K (d64, d128: a chunk each),
-    otherwise each computes its own keys' share of every column (d96: one chunk, added twice);
-    unpadded rows (fragment order: ``backward_dq_fragment_order``). The wide variant adds dQ
-    in padded 64-column chunks."""
+    otherwise warpgroup 0 alone computes every column over all keys (d96: one chunk, added
+    once: ``backward_dq_single_wg``); unpadded rows (fragment order:
+    ``backward_dq_fragment_order``). The wide variant adds dQ in padded 64-column chunks."""
     if head_dim in WIDE_BACKWARD_SPLIT_DIM:
         return head_dim // WIDE_DQ_CHUNK, BACKWARD_DQ_ROW_PAD
     if backward_dq_splits_rows(head_dim, tile_m):
         return 1, 0
     split = (head_dim // 2 * tiling.ELEM_BYTES) % 64 == 0
     return (2 if split else 1), 0
+
+
+def backward_dq_single_wg(head_dim: int, tile_m: int) -> bool:
+    """Whether consumer warpgroup 0 alone computes dQ (FlashAttention-4's ``dQ_single_wg``,
+    its d96 choice): where dQ can be split neither by rows nor by columns (d96: half the dim
+    is no whole swizzle row of K), one m64 x n(dim) x k(all keys) GEMM reading both
+    warpgroups' dS^T, one buffer and one bulk addition per step, instead of each warpgroup
+    adding its own keys' share of the whole tile (twice the reduction traffic); warpgroup 1
+    skips the dQ GEMM and the hand-over."""
+    if head_dim in WIDE_BACKWARD_SPLIT_DIM or backward_dq_splits_rows(head_dim, tile_m):
+        return False
+    return backward_dq_chunks(head_dim, tile_m)[0] == 1
+
+
+def backward_dq_buffers(head_dim: int, tile_m: int) -> int:
+    """dQ buffers in the backward's shared memory (one per warpgroup that hands dQ to the
+    writer warp): one where warpgroup 0 alone computes dQ, else two."""
+    return 1 if backward_dq_single_wg(head_dim, tile_m) else 2
 
 
 def backward_dq_fragment_order(head_dim: int) -> bool:
@@ -211,7 +229,8 @@ def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) ->
     """The backward kernel's shared storage, laid out as its SharedStorage is: the barriers (in
     the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), two stages
     of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
-    fp32 dQ buffer per consumer warpgroup for the bulk reductions; then lse and dpsum
+    fp32 dQ buffer per consumer warpgroup that hands dQ over (``backward_dq_buffers``) for the
+    bulk reductions; then lse and dpsum
     per stage (checked against the compiled kernels' launch sizes: equal for every offered
     tile)."""
     chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
@@ -222,8 +241,8 @@ def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) ->
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # Q
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # dO
         2 * tile_n * tile_m * tiling.ELEM_BYTES,  # P / dS
-        # dQ: a buffer per warpgroup, each its half of the rows or all of them.
-        2 * buffer_rows * (head_dim // chunks + row_pad) * 4,
+        # dQ: a buffer per warpgroup that hands dQ over, each its half of the rows or all.
+        backward_dq_buffers(head_dim, tile_m) * buffer_rows * (head_dim // chunks + row_pad) * 4,
     )
     def align(nbytes: int) -> int:
         return -(-nbytes // SMEM_ALIGN) * SMEM_ALIGN

@@ -53,6 +53,7 @@ def gemm(
     operand_b: cute.Tensor,
     zero_init: cutlass.Constexpr[bool],
     wait_groups: cutlass.Constexpr[int],
+    k_blocks: cutlass.Constexpr = None,
 ):
     """acc (+)= A B over the k mode of the operands, as one WGMMA commit group.
 
@@ -62,7 +63,11 @@ def gemm(
     warpgroup.fence()
     mma_atom = cute.make_mma_atom(tiled_mma.op)
     mma_atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(operand_a.shape[2])):
+    blocks = k_blocks
+    if cutlass.const_expr(k_blocks is None):
+        blocks = tuple(range(cute.size(operand_a.shape[2])))
+    for k in cutlass.range_constexpr(len(blocks)):
+        k = blocks[k]
         cute.gemm(mma_atom, acc, operand_a[None, None, k], operand_b[None, None, k], acc)
         mma_atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
