@@ -9,7 +9,10 @@ hardware's dispatch of a one-tile-per-CTA grid, or ``DynamicTileScheduler``), an
 (total / SMs). Prints makespan / ideal per order; e.g. 1.04 = 4% of the launch idle.
 
     python scripts/simulate_tails.py --mode fwd --dims 64,128 --seqlens 1024,4096,16384
-    python scripts/simulate_tails.py --mode bwd --varlen
+    python scripts/simulate_tails.py --mode bwd --varlen --causal both
+
+Packed batches (``--varlen``) also in the order ``VarlenTileScheduler``'s
+``sequences_longest_first`` takes: the sequences by tile count, most first.
 """
 
 import argparse
@@ -37,6 +40,12 @@ def section_order(pairs: int, section: int, ranks: int):
         for rank in range(ranks):
             for pair in range(first, min(first + section, pairs)):
                 yield rank, pair
+
+
+def longest_first(lengths, tile: int) -> list:
+    """The sequences by tile count, most first, ties in their given order
+    (``varlen_tile_order(..., sequences_longest_first=True)``)."""
+    return sorted(lengths, key=lambda length: -math.ceil(length / tile))
 
 
 def forward_tiles(lengths, heads, tile_m, tile_n, causal, heads_fastest=True, section=None):
@@ -115,11 +124,13 @@ def main(argv=None):
     parser.add_argument("--varlen", action="store_true",
                         help="the benchmark's packed batch (cuteattn.bench's varlen_lengths)")
     parser.add_argument("--sms", type=int, default=132)
+    parser.add_argument("--causal", choices=("true", "false", "both"), default="true")
     parser.add_argument("--section", type=int, default=0,
                         help="fixed length: (batch, head) pairs per L2 section (default: as "
                              "the kernels size it, ``l2_section``)")
     args = parser.parse_args(argv)
     tiles_of = forward_tiles if args.mode == "fwd" else backward_tiles
+    causal_modes = {"true": (True,), "false": (False,), "both": (True, False)}[args.causal]
     rows = []
     for dim in (int(d) for d in args.dims.split(",")):
         heads = max(1, args.hidden // dim)
@@ -137,19 +148,30 @@ def main(argv=None):
             section = args.section or l2_section(
                 args.mode, dim, max(lengths), len(lengths) * heads
             )
+            # The sequences' tile: query tiles in the forward, key tiles in the backward.
+            sorted_lengths = longest_first(lengths, tile_m if args.mode == "fwd" else tile_n)
             orders = (
-                {"heads-last": dict(heads_fastest=False), "heads-fastest": {}}
+                {
+                    "heads-last": (lengths, dict(heads_fastest=False)),
+                    "heads-fastest": (lengths, {}),
+                    "longest first, heads-last": (sorted_lengths, dict(heads_fastest=False)),
+                    "longest first, heads-fastest": (sorted_lengths, {}),
+                }
                 if args.varlen
-                else {"pair by pair": dict(section=1), f"sections of {section}": dict(section=section)}
+                else {
+                    "pair by pair": (lengths, dict(section=1)),
+                    f"sections of {section}": (lengths, dict(section=section)),
+                }
             )
-            for order, options in orders.items():
-                durations = tiles_of(lengths, heads, tile_m, tile_n, True, **options)
-                ideal = sum(durations) / args.sms
-                rows.append(
-                    f"{args.mode} d{dim} {name} causal {order}: static "
-                    f"{static_makespan(durations, args.sms) / ideal:.4f}, dynamic "
-                    f"{dynamic_makespan(durations, args.sms) / ideal:.4f}"
-                )
+            for causal in causal_modes:
+                for order, (ordered, options) in orders.items():
+                    durations = tiles_of(ordered, heads, tile_m, tile_n, causal, **options)
+                    ideal = sum(durations) / args.sms
+                    rows.append(
+                        f"{args.mode} d{dim} {name} {'causal' if causal else 'dense'} {order}: "
+                        f"static {static_makespan(durations, args.sms) / ideal:.4f}, dynamic "
+                        f"{dynamic_makespan(durations, args.sms) / ideal:.4f}"
+                    )
     print("\n".join(rows))
     return rows
 

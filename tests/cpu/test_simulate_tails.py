@@ -43,3 +43,15 @@ def test_main_prints_a_row_per_order(sim, capsys):
         "bwd d128 4096 causal pair by pair", "bwd d128 4096 causal sections of 4"
     ]
     assert "dynamic" in capsys.readouterr().out
+
+
+def test_longest_first_sorts_by_tile_count_keeping_ties_in_order(sim):
+    assert sim.longest_first([100, 300, 0, 257, 50], 128) == [300, 257, 100, 50, 0]
+    assert sim.longest_first([129, 200, 256], 128) == [129, 200, 256]
+
+
+def test_main_varlen_rows_per_causal_mode_and_order(sim):
+    rows = sim.main(["--mode", "fwd", "--dims", "128", "--varlen", "--causal", "both"])
+    names = [row.split(":")[0] for row in rows]
+    assert len(names) == 8 and names[0] == "fwd d128 varlen causal heads-last"
+    assert "fwd d128 varlen dense longest first, heads-fastest" in names
