@@ -118,14 +118,14 @@ def compile_linear_decoder(*, longest_first: bool, arch="sm_90a"):
 
 def compile_varlen_decoder(
     *, tile: int, longest_first: bool, persistent: bool = False, heads_fastest: bool = False,
-    arch="sm_90a", dump_dir=None,
+    sequences_longest_first: bool = False, arch="sm_90a", dump_dir=None,
 ):
     """fn(cu_seqlens, total_rows, max_length, num_heads, max_ctas, tiles): cu_seqlens int32
     (batches + 1,); tiles an int32 (bound, 4) tensor, bound = the single-tile grid's x for these
     counts. Single tile: CTA i writes (m_block, head, batch, is_valid) of its work tile to row i.
     Persistent (grid min(max_ctas, bound)): each CTA writes each work tile it visits to the row
-    of its work index (CTA c's k-th visit: c + k * grid), valid ones only. ``heads_fastest``:
-    ``VarlenTileScheduler``'s (persistent: always)."""
+    of its work index (CTA c's k-th visit: c + k * grid), valid ones only. ``heads_fastest``,
+    ``sequences_longest_first``: ``VarlenTileScheduler``'s (persistent: heads fastest always)."""
 
     class VarlenDecoder:
         @cute.jit
@@ -149,6 +149,7 @@ def compile_varlen_decoder(
             scheduler = VarlenTileScheduler.create(
                 counts, cu_seqlens, tile=tile, longest_first=longest_first,
                 persistent=persistent, heads_fastest=heads_fastest,
+                sequences_longest_first=sequences_longest_first,
             )
             work = scheduler.initial_work_tile()
             if cutlass.const_expr(persistent):

@@ -185,6 +185,38 @@ def test_varlen_tile_order_covers_each_sequence_tile_once_within_the_bound(
         VarlenTileScheduler.grid_shape(counts, persistent=True)
 
 
+@pytest.mark.parametrize("heads_fastest", (False, True))
+@pytest.mark.parametrize("lengths,tile,heads", VARLEN_CASES)
+def test_varlen_tile_order_sequences_longest_first(lengths, tile, heads, heads_fastest):
+    """``sequences_longest_first``: the same work tiles, each sequence's in the same order, the
+    sequences by tile count, most first, ties in the given order; more than 32 sequences keep
+    the given order (the device sorts one warp's lanes)."""
+    given = varlen_tile_order(lengths, tile, heads, True, heads_fastest=heads_fastest)
+    order = varlen_tile_order(
+        lengths, tile, heads, True, heads_fastest=heads_fastest, sequences_longest_first=True
+    )
+    assert sorted(order) == sorted(given)
+    for batch in range(len(lengths)):
+        assert [w for w in order if w[2] == batch] == [w for w in given if w[2] == batch]
+    sequences = list(dict.fromkeys(batch for _, _, batch in order))
+    if len(lengths) > 32:
+        assert order == given
+    else:
+        tiles = [-(-lengths[batch] // tile) for batch in sequences]
+        assert tiles == sorted(tiles, reverse=True)
+        for first, second in zip(sequences, sequences[1:]):
+            if -(-lengths[first] // tile) == -(-lengths[second] // tile):
+                assert first < second
+
+
+def test_varlen_tile_order_sequences_longest_first_example():
+    """Lengths 100, 300, 0, 300, 50 in 128-row tiles (1, 3, 0, 3, 1 tiles): sequences 1, 3, 0,
+    4 (2 has none), one head."""
+    order = varlen_tile_order([100, 300, 0, 300, 50], 128, 1, False, sequences_longest_first=True)
+    assert order == [(0, 0, 1), (1, 0, 1), (2, 0, 1), (0, 0, 3), (1, 0, 3), (2, 0, 3),
+                     (0, 0, 0), (0, 0, 4)]
+
+
 @pytest.mark.parametrize("persistent", (False, True))
 @pytest.mark.parametrize("longest_first", (False, True))
 def test_varlen_decoder_compiles_to_one_warp_scan(longest_first, persistent, tmp_path):
@@ -197,6 +229,21 @@ def test_varlen_decoder_compiles_to_one_warp_scan(longest_first, persistent, tmp
     assert body.count("shfl.sync.up") == (10 if persistent else 5)
     assert "vote.sync.ballot" in body
     assert _has_backward_branch(body)
+
+
+@pytest.mark.parametrize("persistent", (False, True))
+def test_varlen_decoder_sorting_sequences_compiles(persistent, tmp_path):
+    """``sequences_longest_first``: one pass of 32 shuffles (no prefix sum) for up to 32
+    sequences, the warp scan for more (persistent: both before the loop and per advance)."""
+    fn = compile_varlen_decoder(
+        tile=128, longest_first=False, persistent=persistent, sequences_longest_first=True,
+        dump_dir=tmp_path,
+    )
+    body = fn.__ptx__.split(".entry", 1)[1]
+    decodes = 2 if persistent else 1
+    assert body.count("shfl.sync.up") == 5 * decodes
+    assert body.count("shfl.sync.idx") >= (32 + 5) * decodes
+    assert body.count("vote.sync.ballot") == 2 * decodes
 
 
 def test_dynamic_scheduler_probe_compiles_with_its_barriers(tmp_path):

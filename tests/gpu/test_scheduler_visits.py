@@ -129,20 +129,25 @@ VARLEN_LENGTHS = [
     [0, 0, 7],
     [1] * 40 + [300] + [0] * 30 + [129],
     [256],
+    # Ties, zero lengths, and exactly one warp's 32 sequences (the longest-first sort's limit).
+    [300, 5, 300, 129, 0, 700, 64, 128, 1000, 17],
+    [(i * 37) % 300 for i in range(32)],
     # Many passes of the warp's scan (persistent CTAs resume at their last tile's sequence).
     [3, 70, 0, 1, 129] * 40,
 ]
 
 
+@pytest.mark.parametrize("sequences_longest_first", (False, True))
 @pytest.mark.parametrize("heads_fastest", (False, True))
 @pytest.mark.parametrize("longest_first", (False, True))
 @pytest.mark.parametrize("tile", (64, 128))
 @pytest.mark.parametrize("heads", (1, 3))
 @pytest.mark.parametrize("lengths", VARLEN_LENGTHS, ids=lambda lengths: f"{len(lengths)}seqs")
 def test_varlen_scheduler_decodes_the_tile_order(
-    lengths, heads, tile, longest_first, heads_fastest
+    lengths, heads, tile, longest_first, heads_fastest, sequences_longest_first
 ):
-    """CTA i decodes the i-th work tile of ``varlen_tile_order`` (either order); the CTAs past
+    """CTA i decodes the i-th work tile of ``varlen_tile_order`` (either order, the sequences
+    in the given order or longest first); the CTAs past
     the last one get the tile just past the last sequence's end, head 0, flagged invalid. The
     packed tensor may hold rows past the last sequence; the grid is the smaller of the two
     bounds (``make_varlen_tile_counts``), the longest sequence's passed as given or larger."""
@@ -153,14 +158,18 @@ def test_varlen_scheduler_decodes_the_tile_order(
     from cuteattn.kernels.common.tile_scheduler import varlen_tile_order
     from cuteattn.runtime.arch import device_arch
 
-    key = ("varlen", tile, longest_first, heads_fastest)
+    key = ("varlen", tile, longest_first, heads_fastest, sequences_longest_first)
     if key not in _cache:
         arch = device_arch(torch.device("cuda")).name
         _cache[key] = compile_varlen_decoder(
-            tile=tile, longest_first=longest_first, heads_fastest=heads_fastest, arch=arch
+            tile=tile, longest_first=longest_first, heads_fastest=heads_fastest,
+            sequences_longest_first=sequences_longest_first, arch=arch,
         )
     total_rows = sum(lengths) + 3
-    order = varlen_tile_order(lengths, tile, heads, longest_first, heads_fastest=heads_fastest)
+    order = varlen_tile_order(
+        lengths, tile, heads, longest_first, heads_fastest=heads_fastest,
+        sequences_longest_first=sequences_longest_first,
+    )
     for max_length in (max(lengths), max(lengths) + 2 * tile):
         loose = (total_rows + len(lengths) * (tile - 1)) // tile
         bound = min(loose, len(lengths) * -(-max_length // tile))
@@ -175,14 +184,16 @@ def test_varlen_scheduler_decodes_the_tile_order(
         assert got[len(order):] == [past] * (len(got) - len(order))
 
 
+@pytest.mark.parametrize("sequences_longest_first", (False, True))
 @pytest.mark.parametrize("max_ctas", (1, 5, 132))
 @pytest.mark.parametrize("longest_first", (False, True))
 @pytest.mark.parametrize("lengths", VARLEN_LENGTHS, ids=lambda lengths: f"{len(lengths)}seqs")
 def test_persistent_varlen_scheduler_visits_each_tile_once_heads_fastest(
-    lengths, longest_first, max_ctas
+    lengths, longest_first, max_ctas, sequences_longest_first
 ):
     """Persistent: the CTAs together visit each work tile of ``varlen_tile_order(...,
-    heads_fastest=True)`` once, CTA c the work indices c, c + grid, ..., and stop at the last."""
+    heads_fastest=True)`` once (the sequences in the given order or longest first), CTA c the
+    work indices c, c + grid, ..., and stop at the last."""
     import itertools
 
     from scheduler_probe import compile_varlen_decoder
@@ -191,14 +202,18 @@ def test_persistent_varlen_scheduler_visits_each_tile_once_heads_fastest(
     from cuteattn.runtime.arch import device_arch
 
     tile, heads = 64, 3
-    key = ("varlen persistent", longest_first)
+    key = ("varlen persistent", longest_first, sequences_longest_first)
     if key not in _cache:
         arch = device_arch(torch.device("cuda")).name
         _cache[key] = compile_varlen_decoder(
-            tile=tile, longest_first=longest_first, persistent=True, arch=arch
+            tile=tile, longest_first=longest_first, persistent=True,
+            sequences_longest_first=sequences_longest_first, arch=arch,
         )
     total_rows = sum(lengths) + 3
-    order = varlen_tile_order(lengths, tile, heads, longest_first, heads_fastest=True)
+    order = varlen_tile_order(
+        lengths, tile, heads, longest_first, heads_fastest=True,
+        sequences_longest_first=sequences_longest_first,
+    )
     loose = (total_rows + len(lengths) * (tile - 1)) // tile
     bound = min(loose, len(lengths) * -(-max(lengths) // tile))
     cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")

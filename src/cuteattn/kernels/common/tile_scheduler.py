@@ -45,7 +45,13 @@ sequence); each CTA finds its sequence by a warp-wide scan of the tile counts
 (``decode_varlen_tile``, 32 sequences a pass), and the CTAs past the last tile get an invalid
 work tile. Single tile, or persistent like ``LinearTileScheduler`` (grid (min(max_ctas,
 bound), 1, 1), every grid_dim-th work tile, each warp resuming its scan at its last tile's
-sequence: the sm90 forward).
+sequence: the sm90 forward). ``sequences_longest_first`` (up to 32 sequences; the sm90
+backward): the sequences in order of their tile counts, most first, so that a launch ends on
+the short sequences' tiles (simulated on the benchmark's 17 sequences, 132 SMs: the dense
+backward's last wave 2.9% past an even split in the given order, 0.3% longest first; measured
+on the H200, docs/PERF.md fourteenth session: d128 dense +1%). The sm90 forward keeps the given
+order: the simulation promised its persistent static stride 8.6% -> 2.2% at d128, the H200
+measured 2-3% slower (within the between-process noise, no gain).
 
 ``longest_first`` is for causal attention: the query tiles with the most key tiles start first
 (SingleTileScheduler: m_block counts down the grid; LinearTileScheduler: within each section;
@@ -531,21 +537,32 @@ def make_varlen_tile_counts(
 
 
 def varlen_tile_order(
-    lengths, tile: int, num_heads: int, longest_first: bool, heads_fastest: bool = False
+    lengths, tile: int, num_heads: int, longest_first: bool, heads_fastest: bool = False,
+    sequences_longest_first: bool = False,
 ) -> list:
     """The (block, head, batch) work tiles of ``VarlenTileScheduler`` in work-index order, in
     plain Python: sequence by sequence, each sequence's heads in turn, its tiles fastest (from
     the last one down if ``longest_first``); ``heads_fastest``: each tile of the
-    sequence in turn, its heads fastest."""
+    sequence in turn, its heads fastest. ``sequences_longest_first`` (at most
+    ``SORTED_SEQUENCES_MAX`` sequences, else ignored): the sequences by tile count, most first,
+    ties in their given order."""
+    tile_counts = [-(-length // tile) for length in lengths]
+    batches = range(len(lengths))
+    if sequences_longest_first and len(lengths) <= SORTED_SEQUENCES_MAX:
+        batches = sorted(batches, key=lambda batch: (-tile_counts[batch], batch))
     order = []
-    for batch, length in enumerate(lengths):
-        tiles = -(-length // tile)
+    for batch in batches:
+        tiles = tile_counts[batch]
         blocks = range(tiles - 1, -1, -1) if longest_first else range(tiles)
         if heads_fastest:
             order += [(block, head, batch) for block in blocks for head in range(num_heads)]
         else:
             order += [(block, head, batch) for head in range(num_heads) for block in blocks]
     return order
+
+
+# Sequences that ``sequences_longest_first`` sorts: one warp's lanes, one sequence each.
+SORTED_SEQUENCES_MAX = 32
 
 
 @cute.jit
@@ -565,6 +582,7 @@ def decode_varlen_tile(
     tile_idx: Int32, counts: VarlenTileCounts, cu_seqlens: cute.Tensor,
     tile: cutlass.Constexpr[int], longest_first: cutlass.Constexpr[bool],
     heads_fastest: cutlass.Constexpr[bool] = False, scan_from: tuple | None = None,
+    sequences_longest_first: cutlass.Constexpr[bool] = False,
 ):
     """CTA ``tile_idx``'s work tile in ``varlen_tile_order``. Called by whole warps (every lane
     takes part in the scan): each lane counts one sequence's work tiles (tiles x heads), a warp
@@ -577,7 +595,11 @@ def decode_varlen_tile(
     ``scan_from`` (sequence, its first work tile): start the scan there instead of at sequence
     0, a sequence at or before the one holding ``tile_idx`` (a persistent CTA's indices only
     grow: it resumes at its last tile's sequence). Returns the work tile and, with
-    ``scan_from``, the (sequence, first work tile) to resume the next scan from."""
+    ``scan_from``, the (sequence, first work tile) to resume the next scan from.
+
+    ``sequences_longest_first``: up to 32 sequences, one pass where each lane's range starts
+    after the work of every sequence with more tiles (ties: lower lanes first), 32 shuffles,
+    ``scan_from`` unused; more sequences take the passes above in the given order."""
     lane = cute.arch.lane_idx()
     first_batch = Int32(0)  # this pass's first sequence
     before = Int32(0)  # work tiles of the sequences before the pass
@@ -589,6 +611,29 @@ def decode_varlen_tile(
     start = Int32(0)  # the found sequence's first work tile
     tiles_found = Int32(1)
     last_tiles = Int32(0)  # the last sequence's tiles, once a pass has reached it
+    if cutlass.const_expr(sequences_longest_first):
+        if counts.num_batches <= SORTED_SEQUENCES_MAX:
+            tiles = Int32(0)
+            if lane < counts.num_batches:
+                length = cu_seqlens[lane + 1] - cu_seqlens[lane]
+                tiles = (length + (tile - 1)) // tile
+            work = tiles * counts.num_heads
+            sorted_start = Int32(0)  # the work of the sequences that come before this one
+            for other in cutlass.range_constexpr(cute.arch.WARP_SIZE):
+                other_tiles = cute.arch.shuffle_sync(tiles, other)
+                if other_tiles > tiles or (other_tiles == tiles and other < lane):
+                    sorted_start = sorted_start + other_tiles * counts.num_heads
+            holds = cute.arch.vote_ballot_sync(
+                lane < counts.num_batches and sorted_start <= tile_idx
+                and sorted_start + work > tile_idx
+            )
+            if holds != 0:
+                found = cute.arch.popc((holds & -holds) - 1)
+                batch = found
+                start = cute.arch.shuffle_sync(sorted_start, found)
+                tiles_found = cute.arch.shuffle_sync(tiles, found)
+            last_tiles = cute.arch.shuffle_sync(tiles, counts.num_batches - 1)
+            first_batch = counts.num_batches  # no scan below
     while first_batch < counts.num_batches and batch < 0:
         sequence = first_batch + lane
         tiles = Int32(0)
@@ -645,7 +690,9 @@ class VarlenTileScheduler(_StridedWalk):
         self, counts: VarlenTileCounts, cu_seqlens: cute.Tensor, *, tile: int,
         longest_first: bool, persistent: bool = False, heads_fastest: bool = False,
         tile_idx: Int32 | None = None, done: bool = False, scan_from: tuple | None = None,
+        sequences_longest_first: bool = False,
     ):
+        self.sequences_longest_first = sequences_longest_first
         self.counts = counts
         self.cu_seqlens = cu_seqlens
         self.tile = tile
@@ -671,18 +718,20 @@ class VarlenTileScheduler(_StridedWalk):
     def create(
         cls, counts: VarlenTileCounts, cu_seqlens: cute.Tensor, *, tile: int,
         longest_first: bool, persistent: bool = False, heads_fastest: bool = False,
+        sequences_longest_first: bool = False,
     ) -> "VarlenTileScheduler":
         """``heads_fastest``: each sequence's work tiles tile by tile, its heads fastest
         (``varlen_tile_order``; persistent: always). Where tiles differ in work (causal, a
         window), a launch in the other order ends on the last sequence's longest tiles, one
         head after another (simulated on the benchmark's 17 sequences, 132 SMs: d128 causal
         backward 4.4% past an even split against 0.4%, single-tile forward 4.3% against
-        0.3%)."""
+        0.3%). ``sequences_longest_first``: the module docstring."""
         tile_idx = Int32(cute.arch.block_idx()[0]) if persistent else None
         scan_from = (Int32(0), Int32(0)) if persistent else None
         return cls(
             counts, cu_seqlens, tile=tile, longest_first=longest_first, persistent=persistent,
             heads_fastest=heads_fastest, tile_idx=tile_idx, scan_from=scan_from,
+            sequences_longest_first=sequences_longest_first,
         )
 
     def get_current_work(self) -> WorkTile:
@@ -690,6 +739,7 @@ class VarlenTileScheduler(_StridedWalk):
             work = decode_varlen_tile(
                 Int32(cute.arch.block_idx()[0]), self.counts, self.cu_seqlens, self.tile,
                 self.longest_first, heads_fastest=self.heads_fastest,
+                sequences_longest_first=self.sequences_longest_first,
             )
             if cutlass.const_expr(self._done):
                 work = work._replace(is_valid=Boolean(False))
@@ -697,6 +747,7 @@ class VarlenTileScheduler(_StridedWalk):
         work, self._scan_from = decode_varlen_tile(
             self._tile_idx, self.counts, self.cu_seqlens, self.tile, self.longest_first,
             heads_fastest=True, scan_from=self._scan_from,
+            sequences_longest_first=self.sequences_longest_first,
         )
         return work
 
@@ -718,4 +769,5 @@ class VarlenTileScheduler(_StridedWalk):
             persistent=persistent, heads_fastest=self.heads_fastest,
             tile_idx=state[2] if persistent else None,
             done=self._done, scan_from=(state[3], state[4]) if persistent else None,
+            sequences_longest_first=self.sequences_longest_first,
         )

@@ -398,9 +398,11 @@ class FlashBackwardSm90(AttentionKernel):
             # Every warp decodes its CTA's key tile (the scan takes whole warps); in turn order
             # within each (sequence, KV head), as ``key_tile_of_block`` below.
             # Key tiles that differ in work (causal, a window): a sequence's heads take turns.
+            # The longest sequences first: the launch ends on short ones' tiles.
             work = VarlenTileScheduler.create(
                 tile_counts, mCuSeqlensK, tile=self.tile_n, longest_first=descending,
                 heads_fastest=self.causal or self.window is not None,
+                sequences_longest_first=True,
             ).initial_work_tile()
             n_block, head_kv, batch = work.m_block, work.head, work.batch
         else:
