@@ -87,7 +87,7 @@ from cuteattn.kernels.sm90.family import (
     backward_dq_splits_rows,
 )
 from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
-from cuteattn.kernels.sm90.smem import permuted, smem_layout, zero_rows_from
+from cuteattn.kernels.sm90.smem import permuted, smem_layout, tma_tile, zero_rows_from
 from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
 
 KEYS_PER_WARPGROUP = 64
@@ -318,11 +318,12 @@ class FlashBackwardSm90(AttentionKernel):
         tma_atom_dv, tma_dv = cpasync.make_tiled_tma_atom(
             tma_store, tdV, sV_layout, (self.tile_n, self.head_dim_v)
         )
-        # Q with its lse, dO with its dpsum; K and V on one barrier.
+        # Q with its lse, dO with its dpsum; K and V on one barrier (varlen), else on the first
+        # step's Q and dO barriers (``produce``): (K's, V's) bytes.
         q_tile_bytes = cute.size_in_bytes(self.dtype, q_stage_layout) + self.tile_m * 4
         do_tile_bytes = cute.size_in_bytes(self.dtype, do_stage_layout) + self.tile_m * 4
-        kv_tile_bytes = cute.size_in_bytes(self.dtype, sKV_layout) + cute.size_in_bytes(
-            self.dtype, sV_layout
+        kv_tile_bytes = (
+            cute.size_in_bytes(self.dtype, sKV_layout), cute.size_in_bytes(self.dtype, sV_layout)
         )
 
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.make_tiled_mmas()
@@ -389,7 +390,7 @@ class FlashBackwardSm90(AttentionKernel):
         tiled_mma_dq: cute.TiledMma,
         q_tile_bytes: cutlass.Constexpr[int],
         do_tile_bytes: cutlass.Constexpr[int],
-        kv_tile_bytes: cutlass.Constexpr[int],
+        kv_tile_bytes: cutlass.Constexpr,  # (K's, V's)
         SharedStorage: cutlass.Constexpr,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -420,7 +421,13 @@ class FlashBackwardSm90(AttentionKernel):
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        pipeline_kv = self.tma_pipeline(storage.mbar_kv.data_ptr(), 1, kv_tile_bytes)
+        # Varlen: K and V on a one-shot barrier of their own (zeroed past the sequence before
+        # the first step); fixed length: on the first step's Q and dO barriers (``produce``).
+        pipeline_kv = None
+        if cutlass.const_expr(self.varlen):
+            pipeline_kv = self.tma_pipeline(
+                storage.mbar_kv.data_ptr(), 1, kv_tile_bytes[0] + kv_tile_bytes[1]
+            )
         pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), self.num_stages, q_tile_bytes)
         pipeline_do = self.tma_pipeline(
             storage.mbar_do.data_ptr(), self.num_stages, do_tile_bytes
@@ -465,7 +472,7 @@ class FlashBackwardSm90(AttentionKernel):
                 self.produce(
                     tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q,
                     tma_atom_k, tma_atom_v, tma_atom_do, pipeline_kv, pipeline_q, pipeline_do,
-                    n_block, batch, steps, seqlen,
+                    n_block, batch, steps, seqlen, kv_tile_bytes,
                 )
             elif warp_idx == DQ_WRITER_WARP:
                 self.add_dq(
@@ -504,91 +511,132 @@ class FlashBackwardSm90(AttentionKernel):
         self, tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q,
         tma_atom_k, tma_atom_v, tma_atom_do, pipeline_kv, pipeline_q, pipeline_do,
         n_block: Int32, batch: Int32, steps: dict, seqlen: SeqlenInfo,
+        kv_tile_bytes: cutlass.Constexpr,
     ):
         """K and V of this key tile once, then Q (+ lse) and dO (+ dpsum) of each step in the
-        consumers' order."""
+        consumers' order. Fixed length, FlashAttention-4's order: K on the first step's Q
+        barrier, issued before that Q, V on its dO barrier, before that dO, so that the first
+        S^T = K Q^T waits for K and Q only (not for V too: 16 KB more at d64, 32 KB at d128;
+        one CTA per SM, each CTA's first loads are exposed, and a causal 1k CTA runs 1-8
+        steps)."""
         keys = dict(
             tK=tK, tV=tV, sK=sK, sV=sV, tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v,
-            pipeline_kv=pipeline_kv, n_block=n_block, batch=batch, head_kv=steps["head_kv"],
-            seqlen=seqlen,
+            n_block=n_block, batch=batch, head_kv=steps["head_kv"], seqlen=seqlen,
         )
+        rows = dict(
+            tQ=tQ, tdO=tdO, mLSE=mLSE, mDpsum=mDpsum, sQ=sQ, sdO=sdO, sLSE=sLSE, sDpsum=sDpsum,
+            tma_atom_q=tma_atom_q, tma_atom_do=tma_atom_do, pipeline_q=pipeline_q,
+            pipeline_do=pipeline_do, batch=batch, steps=steps, seqlen=seqlen,
+        )
+        num_steps = steps["group"] * steps["num_m_blocks"]
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        first_step = 0
         if cutlass.const_expr(not self.varlen):
-            self.load_key_tile(**keys)
+            # A key tile that visits no query tile (a window) loads nothing.
+            if num_steps > 0:
+                self.load_step(Int32(0), state, keys=keys, kv_tile_bytes=kv_tile_bytes, **rows)
+            state.advance()  # (unused without steps)
+            first_step = 1
         else:
             # A key tile past its sequence's keys visits no query tile: nothing to load.
             if n_block * self.tile_n < seqlen.seqlen_k:
-                self.load_key_tile(**keys)
-        # Launched as the preprocess's dependent (programmatic dependent launch): K and V
-        # load while it finishes; lse_log2 and dpsum, its outputs, only after it completes.
-        # (Nothing else here reads what it writes; without a preceding primary grid the wait
-        # returns at once.)
-        cute.arch.griddepcontrol_wait()
-
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
-            head, m_block = self.step_tile(step, **steps)
-            for atom, smem, tensor, ring, mRow, sRow, columns in (
-                (tma_atom_q, sQ, tQ, pipeline_q, mLSE, sLSE, self.head_dim),
-                (tma_atom_do, sdO, tdO, pipeline_do, mDpsum, sDpsum, self.head_dim_v),
-            ):
-                gX = cute.local_tile(
-                    self.tma_rows(tensor, head, batch, seqlen, keys=False),
-                    (self.tile_m, columns), (m_block, 0),
-                )
-                t_smem, t_gmem = cpasync.tma_partition(
-                    atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
-                    cute.group_modes(gX, 0, 2),
-                )
-                ring.producer_acquire(state)
-                cute.copy(
-                    atom, t_gmem, t_smem[None, state.index],
-                    tma_bar_ptr=ring.producer_get_barrier(state),
-                )
-                # The per-row values live in buffers padded to whole query tiles.
-                rows = seqlen.buffer_rows(
-                    mRow, batch, head, packed=self.varlen, rows_tile=self.tile_m
-                )
-                gRow = cute.local_tile(rows, (self.tile_m,), (m_block,))
-                with cute.arch.elect_one():
-                    prims.cp_async_bulk_shared_cluster_global(
-                        sRow[None, state.index].iterator, gRow.iterator,
-                        ring.producer_get_barrier(state), self.tile_m * 4,
-                    )
+                self.load_key_tile(pipeline_kv=pipeline_kv, **keys)
+            # Launched as the preprocess's dependent: see ``load_step``.
+            cute.arch.griddepcontrol_wait()
+        for step in cutlass.range(first_step, num_steps, unroll=1):
+            self.load_step(step, state, **rows)
             state.advance()
+
+    def load_step(
+        self, step: Int32, state, *, tQ, tdO, mLSE, mDpsum, sQ, sdO, sLSE, sDpsum, tma_atom_q,
+        tma_atom_do, pipeline_q, pipeline_do, batch: Int32, steps: dict, seqlen: SeqlenInfo,
+        keys: dict | None = None, kv_tile_bytes=None,
+    ):
+        """Q (+ lse) and dO (+ dpsum) of one step into ``state``'s stages; with ``keys``, K and
+        V onto the same barriers (their bytes added to each barrier's expected count before
+        any copy is issued, so that its phase cannot complete without them), and lse / dpsum
+        only after K, Q, V and dO are issued and the preprocess has completed."""
+        head, m_block = self.step_tile(step, **steps)
+        stats = []
+        for atom, smem, tensor, ring, mRow, sRow, columns, operand in (
+            (tma_atom_q, sQ, tQ, pipeline_q, mLSE, sLSE, self.head_dim, 0),
+            (tma_atom_do, sdO, tdO, pipeline_do, mDpsum, sDpsum, self.head_dim_v, 1),
+        ):
+            t_smem, t_gmem = tma_tile(
+                atom, smem, self.tma_rows(tensor, head, batch, seqlen, keys=False),
+                (self.tile_m, columns), (m_block, 0),
+            )
+            ring.producer_acquire(state)
+            barrier = ring.producer_get_barrier(state)
+            if cutlass.const_expr(keys is not None):
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_expect_tx(barrier, kv_tile_bytes[operand])
+                self.load_key_operand(operand, barrier, **keys)
+            cute.copy(atom, t_gmem, t_smem[None, state.index], tma_bar_ptr=barrier)
+            if cutlass.const_expr(keys is None):
+                self.load_row_stats(mRow, sRow, barrier, state, head, m_block, batch, seqlen)
+            else:
+                stats.append((mRow, sRow, barrier))
+        if cutlass.const_expr(keys is not None):
+            # Launched as the preprocess's dependent (programmatic dependent launch): K, Q, V
+            # and dO (inputs) load while it finishes; lse_log2 and dpsum, its outputs, only
+            # after it completes (each barrier's phase already expects their bytes). (Nothing
+            # else here reads what it writes; without a preceding primary grid the wait
+            # returns at once.)
+            cute.arch.griddepcontrol_wait()
+            for mRow, sRow, barrier in stats:
+                self.load_row_stats(mRow, sRow, barrier, state, head, m_block, batch, seqlen)
+
+    def load_row_stats(
+        self, mRow, sRow, barrier, state, head, m_block, batch: Int32, seqlen: SeqlenInfo
+    ):
+        """A step's lse or dpsum (one fp32 per query row) into ``state``'s stage of ``sRow``,
+        on ``barrier`` (its Q / dO stage's)."""
+        # The per-row values live in buffers padded to whole query tiles.
+        rows = seqlen.buffer_rows(mRow, batch, head, packed=self.varlen, rows_tile=self.tile_m)
+        gRow = cute.local_tile(rows, (self.tile_m,), (m_block,))
+        with cute.arch.elect_one():
+            prims.cp_async_bulk_shared_cluster_global(
+                sRow[None, state.index].iterator, gRow.iterator, barrier, self.tile_m * 4,
+            )
 
     @cute.jit
     def load_key_tile(
         self, *, tK, tV, sK, sV, tma_atom_k, tma_atom_v, pipeline_kv, n_block: Int32,
         batch: Int32, head_kv, seqlen: SeqlenInfo,
     ):
-        """TMA K and V of this CTA's key tile onto the one-shot K / V barrier."""
+        """TMA K and V of this CTA's key tile onto the one-shot K / V barrier (varlen)."""
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        gK = cute.local_tile(
-            self.tma_rows(tK, head_kv, batch, seqlen, keys=True),
-            (self.tile_n, self.head_dim), (n_block, 0),
-        )
-        gV = cute.local_tile(
-            self.tma_rows(tV, head_kv, batch, seqlen, keys=True),
-            (self.tile_n, self.head_dim_v), (n_block, 0),
-        )
         pipeline_kv.producer_acquire(kv_state)
-        for atom, smem, gmem in ((tma_atom_k, sK, gK), (tma_atom_v, sV, gV)):
-            kv_smem, kv_gmem = cpasync.tma_partition(
-                atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
-                cute.group_modes(gmem, 0, 2),
-            )
-            cute.copy(
-                atom, kv_gmem, kv_smem, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state)
-            )
+        keys = dict(
+            tK=tK, tV=tV, sK=sK, sV=sV, tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v,
+            n_block=n_block, batch=batch, head_kv=head_kv, seqlen=seqlen,
+        )
+        for operand in cutlass.range_constexpr(2):
+            self.load_key_operand(operand, pipeline_kv.producer_get_barrier(kv_state), **keys)
+
+    def load_key_operand(
+        self, operand: int, barrier, *, tK, tV, sK, sV, tma_atom_k, tma_atom_v, n_block: Int32,
+        batch: Int32, head_kv, seqlen: SeqlenInfo,
+    ):
+        """TMA this CTA's key tile of K (``operand`` 0) or V (1) onto ``barrier``."""
+        atom, smem, tensor, columns = (
+            (tma_atom_k, sK, tK, self.head_dim), (tma_atom_v, sV, tV, self.head_dim_v)
+        )[operand]
+        t_smem, t_gmem = tma_tile(
+            atom, smem, self.tma_rows(tensor, head_kv, batch, seqlen, keys=True),
+            (self.tile_n, columns), (n_block, 0),
+        )
+        cute.copy(atom, t_gmem, t_smem, tma_bar_ptr=barrier)
 
     @cute.jit
     def wait_for_key_tile(self, pipeline_kv, sK, sV, seqlen: SeqlenInfo, n_block: Int32, tidx):
-        """The consumers' wait for K and V (varlen: only where the producer loaded them, and
-        then with the rows past the sequence's keys zeroed)."""
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        if cutlass.const_expr(not self.varlen):
-            pipeline_kv.consumer_wait(kv_state)
-        else:
+        """Varlen: the consumers' wait for K and V (only where the producer loaded them), then
+        their rows past the sequence's keys zeroed. Fixed length: none (K and V came with the
+        first step's Q and dO: its waits cover them; a key tile without steps loaded
+        nothing)."""
+        if cutlass.const_expr(self.varlen):
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             if n_block * self.tile_n < seqlen.seqlen_k:
                 pipeline_kv.consumer_wait(kv_state)
                 self.zero_keys_past_sequence(sK, sV, seqlen, n_block, tidx)
@@ -945,12 +993,8 @@ class FlashBackwardSm90(AttentionKernel):
                 (dkv_out["tma_atom_dk"], sK, dkv_out["tdK"]),
                 (dkv_out["tma_atom_dv"], sV, dkv_out["tdV"]),
             ):
-                gX = cute.local_tile(
-                    tensor[None, None, steps["head_kv"], batch], tile_kv, (n_block, 0)
-                )
-                t_smem, t_gmem = cpasync.tma_partition(
-                    atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
-                    cute.group_modes(gX, 0, 2),
+                t_smem, t_gmem = tma_tile(
+                    atom, smem, tensor[None, None, steps["head_kv"], batch], tile_kv, (n_block, 0)
                 )
                 cute.copy(atom, t_smem, t_gmem)
             cute.arch.cp_async_bulk_commit_group()

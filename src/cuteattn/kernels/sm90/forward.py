@@ -88,7 +88,13 @@ from cuteattn.kernels.common.tile_scheduler import (
     make_varlen_tile_counts,
 )
 from cuteattn.kernels.sm90 import tiling
-from cuteattn.kernels.sm90.smem import permuted, smem_layout, zero_rows_from
+from cuteattn.kernels.sm90.smem import (
+    permuted,
+    smem_layout,
+    tma_partition,
+    tma_tile,
+    zero_rows_from,
+)
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
     NamedBarrier,
@@ -598,16 +604,18 @@ class FlashForwardSm90(AttentionKernel):
         gQ = self.query_tile(mQ, work, seqlen)
         tile_kv = (self.tile_n, self.head_dim)
         tile_v = (self.tile_n, self.head_dim_v)
-        gK = cute.local_tile(self.key_rows(mK, head_kv, work.batch, seqlen), tile_kv, (None, 0))
-        gV = cute.local_tile(self.key_rows(mV, head_kv, work.batch, seqlen), tile_v, (None, 0))
         sQ_stage = sQ
         if cutlass.const_expr(self.q_stages > 1):
             sQ_stage = sQ[None, None, q_state.index]  # the stage this tile's Q loads into
-        tQsQ, tQgQ = self.tma_partition(
+        tQsQ, tQgQ = tma_partition(
             tma_atom_q, self.query_smem(sQ_stage), gQ, tile_rank=cute.rank(gQ)
         )
-        tKsK, tKgK = self.tma_partition(tma_atom_k, sK, gK)
-        tVsV, tVgV = self.tma_partition(tma_atom_v, sV, gV)
+        tKsK, tKgK = tma_tile(
+            tma_atom_k, sK, self.key_rows(mK, head_kv, work.batch, seqlen), tile_kv, (None, 0)
+        )
+        tVsV, tVgV = tma_tile(
+            tma_atom_v, sV, self.key_rows(mV, head_kv, work.batch, seqlen), tile_v, (None, 0)
+        )
         if n_block_max > n_block_min:
             if cutlass.const_expr(self.q_stages > 1):
                 # Its stage was released by the tile before last (after that tile's last S);
@@ -651,16 +659,6 @@ class FlashForwardSm90(AttentionKernel):
         """TMA the work tile's Q into its buffer once the consumers have released it."""
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-
-    def tma_partition(
-        self, tma_atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile_rank: int = 2
-    ):
-        """(smem, gmem) views for TMA: a tile's ``tile_rank`` modes grouped, stages / tiles
-        after them."""
-        return cpasync.tma_partition(
-            tma_atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, tile_rank),
-            cute.group_modes(gmem, 0, tile_rank),
-        )
 
     def query_tile_shape(self, columns: int | None = None) -> tuple:
         """The TMA box of a Q / O tile: (tile_m, dim), or, packed, (group, positions, dim);
@@ -879,13 +877,20 @@ class FlashForwardSm90(AttentionKernel):
                 run_tiles = cutlass.Boolean(False)
         if run_tiles:
             wait_stage(pipeline_q, q_state)
+            # Q is read by no GEMM after the last S: the step of key tile n_block_min releases
+            # it as soon as that S is done, with K (``release_q``), so the next tile's Q loads
+            # while this one's last softmax, P V and epilogue run.
+            release_q = None
+            if cutlass.const_expr(self.q_free_after_qk):
+                release_q = (pipeline_q, q_state, n_block_min)
             kv_state = self.first_tile(
-                loop, kv_state, n_block_max - 1, m_block=m_block, softmax=softmax
+                loop, kv_state, n_block_max - 1, m_block=m_block, softmax=softmax,
+                release_q=release_q,
             )
             for i in cutlass.range(num_causal_tiles, unroll=1):
                 kv_state = self.next_tile(
                     loop, kv_state, n_block_max - 2 - i, m_block=m_block, mask_causal=True,
-                    softmax=softmax,
+                    softmax=softmax, release_q=release_q,
                 )
             unmasked_end = num_unmasked_tiles
             if cutlass.const_expr(self.window is not None):
@@ -893,17 +898,14 @@ class FlashForwardSm90(AttentionKernel):
             for i in cutlass.range(num_unmasked_tiles, unroll=1):
                 kv_state = self.next_tile(
                     loop, kv_state, unmasked_end - 1 - i, m_block=m_block,
-                    mask_causal=False, softmax=softmax,
+                    mask_causal=False, softmax=softmax, release_q=release_q,
                 )
             if cutlass.const_expr(self.window is not None):
                 for i in cutlass.range(num_left_masked, unroll=1):
                     kv_state = self.next_tile(
                         loop, kv_state, n_block_min + num_left_masked - 1 - i, m_block=m_block,
-                        mask_causal=True, softmax=softmax,
+                        mask_causal=True, softmax=softmax, release_q=release_q,
                     )
-            if cutlass.const_expr(self.q_free_after_qk):
-                # Q is read by no GEMM after the last S: let the next tile's Q load.
-                pipeline_q.consumer_release(q_state)
             # Left in flight: the epilogue's softmax.finalize runs under it.
             self.last_pv(loop, kv_state, n_block_min)
             if cutlass.const_expr(not self.persistent):
@@ -1068,9 +1070,11 @@ class FlashForwardSm90(AttentionKernel):
     @cute.jit
     def first_tile(
         self, loop: Mainloop, kv_state, n_block: Int32, *, m_block: Int32,
-        softmax: OnlineSoftmax,
+        softmax: OnlineSoftmax, release_q=None,
     ):
-        """The last visible key tile: seqlen (and causal) mask, the softmax initialised."""
+        """The last visible key tile: seqlen (and causal) mask, the softmax initialised.
+        release_q: (pipeline_q, q_state, n_block_min), Q's stage released after this S if
+        ``n_block`` is the work tile's last key tile (``release_q_after``), or None."""
         # Outside the ping-pong: this GEMM waits for itself, and ptxas would sink the arrive
         # past the whole softmax below, holding the other warpgroup back once per work tile.
         wait_stage(loop.pipeline_k, kv_state)
@@ -1078,6 +1082,7 @@ class FlashForwardSm90(AttentionKernel):
             loop.tiled_mma_qk, loop.tSrQ, loop.tSrK, kv_state.index, wait_groups=0
         )
         loop.pipeline_k.consumer_release(kv_state)
+        release_q_after(release_q, n_block)
         self.scores_to_probs(
             acc_S, n_block, thr_mma_qk=loop.thr_mma_qk, softmax=softmax, mask=loop.mask,
             tanh_scale=loop.tanh_scale, m_block=m_block, is_first=True, mask_seqlen=True,
@@ -1089,11 +1094,11 @@ class FlashForwardSm90(AttentionKernel):
     @cute.jit
     def next_tile(
         self, loop: Mainloop, kv_state, n_block: Int32, *, m_block: Int32,
-        softmax: OnlineSoftmax, mask_causal: cutlass.Constexpr[bool],
+        softmax: OnlineSoftmax, mask_causal: cutlass.Constexpr[bool], release_q=None,
     ):
         """One key tile after the first. kv_state is the stage whose V (of the previous key
         tile) is still to be multiplied: S(n) is issued before P(n + 1) V(n + 1), and the
-        softmax of S(n) runs while that P V is in flight."""
+        softmax of S(n) runs while that P V is in flight. release_q: as in ``first_tile``."""
         thr_mma_qk, tiled_mma_qk = loop.thr_mma_qk, loop.tiled_mma_qk
         tiled_mma_pv = loop.tiled_mma_pv
         tSrQ, tSrK, tOrVt, tOrP = loop.tSrQ, loop.tSrK, loop.tOrVt, loop.tOrP
@@ -1114,6 +1119,7 @@ class FlashForwardSm90(AttentionKernel):
         self.scheduler_arrive(wg_idx)
         warpgroup.wait_group(1)  # S is ready; P V may still run
         pipeline_k.consumer_release(kv_state)
+        release_q_after(release_q, n_block)
         row_scale = self.scores_to_probs(
             acc_S, n_block, thr_mma_qk=thr_mma_qk, softmax=softmax, mask=mask,
             tanh_scale=loop.tanh_scale, m_block=m_block, is_first=False, mask_seqlen=False,
@@ -1226,7 +1232,7 @@ class FlashForwardSm90(AttentionKernel):
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=int(NamedBarrier.EPILOGUE), number_of_threads=epilogue_threads)
         if tidx < 32:
-            tOsO, tOgO = self.tma_partition(
+            tOsO, tOgO = tma_partition(
                 tma_atom_o, self.query_smem(sO, self.head_dim_v), gO, tile_rank=cute.rank(gO)
             )
             cute.copy(tma_atom_o, tOsO, tOgO)
@@ -1268,3 +1274,16 @@ def hide_keys_past_seqlen(
     """The seqlen mask alone (a function of its own: the caller's dynamic branch then carries
     no mask object)."""
     mask.apply(acc_S, thr_mma_qk, m_block, n_block, mask_seqlen=True, mask_causal=False)
+
+
+@cute.jit
+def release_q_after(release_q, n_block: Int32):
+    """``release_q`` = (pipeline_q, q_state, n_block_min) or None: Q's stage released once its
+    last S (key tile ``n_block_min``, the last a work tile runs) is done, i.e. where the step
+    of key tile ``n_block`` releases K if that is the one. Released at the loop's end instead,
+    it waited for that tile's softmax, and the next work tile's Q (one stage: loaded only
+    after both warpgroups release this one) for it too."""
+    if cutlass.const_expr(release_q is not None):
+        pipeline_q, q_state, n_block_min = release_q
+        if n_block == n_block_min:
+            pipeline_q.consumer_release(q_state)

@@ -6,7 +6,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as hopper
 from cutlass import Int32
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom
@@ -58,3 +58,19 @@ def zero_rows_from(
 
 def permuted(tensor: cute.Tensor, modes: list[int]) -> cute.Tensor:
     return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=modes))
+
+
+def tma_partition(
+    tma_atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor, tile_rank: int = 2
+):
+    """(smem, gmem) views for TMA: a tile's ``tile_rank`` modes grouped, stages / tiles after
+    them."""
+    return cpasync.tma_partition(
+        tma_atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, tile_rank),
+        cute.group_modes(gmem, 0, tile_rank),
+    )
+
+
+def tma_tile(tma_atom: cute.CopyAtom, smem: cute.Tensor, rows: cute.Tensor, tile_shape, coord):
+    """``tma_partition`` of ``rows``' tile at ``coord`` (tiles of ``tile_shape``) and ``smem``."""
+    return tma_partition(tma_atom, smem, cute.local_tile(rows, tile_shape, coord))
