@@ -277,7 +277,6 @@ class FlashBackwardSm90(AttentionKernel):
 
         @cute.struct
         class SharedStorage:
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
@@ -421,13 +420,7 @@ class FlashBackwardSm90(AttentionKernel):
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        # Varlen: K and V on a one-shot barrier of their own (zeroed past the sequence before
-        # the first step); fixed length: on the first step's Q and dO barriers (``produce``).
-        pipeline_kv = None
-        if cutlass.const_expr(self.varlen):
-            pipeline_kv = self.tma_pipeline(
-                storage.mbar_kv.data_ptr(), 1, kv_tile_bytes[0] + kv_tile_bytes[1]
-            )
+        # K and V come on the first step's Q and dO barriers (``produce``).
         pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), self.num_stages, q_tile_bytes)
         pipeline_do = self.tma_pipeline(
             storage.mbar_do.data_ptr(), self.num_stages, do_tile_bytes
@@ -471,8 +464,8 @@ class FlashBackwardSm90(AttentionKernel):
             if warp_idx == 0:
                 self.produce(
                     tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q,
-                    tma_atom_k, tma_atom_v, tma_atom_do, pipeline_kv, pipeline_q, pipeline_do,
-                    n_block, batch, steps, seqlen, kv_tile_bytes,
+                    tma_atom_k, tma_atom_v, tma_atom_do, pipeline_q, pipeline_do, n_block,
+                    batch, steps, seqlen, kv_tile_bytes,
                 )
             elif warp_idx == DQ_WRITER_WARP:
                 self.add_dq(
@@ -483,8 +476,8 @@ class FlashBackwardSm90(AttentionKernel):
             dkv_out = dict(tdK=tdK, tdV=tdV, tma_atom_dk=tma_atom_dk, tma_atom_dv=tma_atom_dv)
             self.consume(
                 mdK, mdV, dkv_out, sQ, sK, sV, sdO, sPdS, sdQ, sLSE, sDpsum,
-                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q,
-                pipeline_do, scale_log2, softmax_scale, seqlen, n_block, batch, steps,
+                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_q, pipeline_do,
+                scale_log2, softmax_scale, seqlen, n_block, batch, steps,
             )
 
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
@@ -509,16 +502,16 @@ class FlashBackwardSm90(AttentionKernel):
     @cute.jit
     def produce(
         self, tQ, tK, tV, tdO, mLSE, mDpsum, sQ, sK, sV, sdO, sLSE, sDpsum, tma_atom_q,
-        tma_atom_k, tma_atom_v, tma_atom_do, pipeline_kv, pipeline_q, pipeline_do,
-        n_block: Int32, batch: Int32, steps: dict, seqlen: SeqlenInfo,
-        kv_tile_bytes: cutlass.Constexpr,
+        tma_atom_k, tma_atom_v, tma_atom_do, pipeline_q, pipeline_do, n_block: Int32,
+        batch: Int32, steps: dict, seqlen: SeqlenInfo, kv_tile_bytes: cutlass.Constexpr,
     ):
         """K and V of this key tile once, then Q (+ lse) and dO (+ dpsum) of each step in the
-        consumers' order. Fixed length, FlashAttention-4's order: K on the first step's Q
-        barrier, issued before that Q, V on its dO barrier, before that dO, so that the first
-        S^T = K Q^T waits for K and Q only (not for V too: 16 KB more at d64, 32 KB at d128;
-        one CTA per SM, each CTA's first loads are exposed, and a causal 1k CTA runs 1-8
-        steps)."""
+        consumers' order. FlashAttention-4's order: K on the first step's Q barrier, issued
+        before that Q, V on its dO barrier, before that dO, so that the first S^T = K Q^T
+        waits for K and Q only (not for V too: 16 KB more at d64, 32 KB at d128; one CTA per
+        SM, each CTA's first loads are exposed, and a causal 1k CTA runs 1-8 steps). Varlen
+        alike (a key tile that crosses its sequence's end is zeroed past it by the consumers,
+        ``wait_for_key_tile``)."""
         keys = dict(
             tK=tK, tV=tV, sK=sK, sV=sV, tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v,
             n_block=n_block, batch=batch, head_kv=steps["head_kv"], seqlen=seqlen,
@@ -530,20 +523,12 @@ class FlashBackwardSm90(AttentionKernel):
         )
         num_steps = steps["group"] * steps["num_m_blocks"]
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        first_step = 0
-        if cutlass.const_expr(not self.varlen):
-            # A key tile that visits no query tile (a window) loads nothing.
-            if num_steps > 0:
-                self.load_step(Int32(0), state, keys=keys, kv_tile_bytes=kv_tile_bytes, **rows)
-            state.advance()  # (unused without steps)
-            first_step = 1
-        else:
-            # A key tile past its sequence's keys visits no query tile: nothing to load.
-            if n_block * self.tile_n < seqlen.seqlen_k:
-                self.load_key_tile(pipeline_kv=pipeline_kv, **keys)
-            # Launched as the preprocess's dependent: see ``load_step``.
-            cute.arch.griddepcontrol_wait()
-        for step in cutlass.range(first_step, num_steps, unroll=1):
+        # A key tile that visits no query tile (a window; varlen, a tile past its sequence's
+        # keys) loads nothing.
+        if num_steps > 0:
+            self.load_step(Int32(0), state, keys=keys, kv_tile_bytes=kv_tile_bytes, **rows)
+        state.advance()  # (unused without steps)
+        for step in cutlass.range(1, num_steps, unroll=1):
             self.load_step(step, state, **rows)
             state.advance()
 
@@ -600,21 +585,6 @@ class FlashBackwardSm90(AttentionKernel):
                 sRow[None, state.index].iterator, gRow.iterator, barrier, self.tile_m * 4,
             )
 
-    @cute.jit
-    def load_key_tile(
-        self, *, tK, tV, sK, sV, tma_atom_k, tma_atom_v, pipeline_kv, n_block: Int32,
-        batch: Int32, head_kv, seqlen: SeqlenInfo,
-    ):
-        """TMA K and V of this CTA's key tile onto the one-shot K / V barrier (varlen)."""
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        pipeline_kv.producer_acquire(kv_state)
-        keys = dict(
-            tK=tK, tV=tV, sK=sK, sV=sV, tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v,
-            n_block=n_block, batch=batch, head_kv=head_kv, seqlen=seqlen,
-        )
-        for operand in cutlass.range_constexpr(2):
-            self.load_key_operand(operand, pipeline_kv.producer_get_barrier(kv_state), **keys)
-
     def load_key_operand(
         self, operand: int, barrier, *, tK, tV, sK, sV, tma_atom_k, tma_atom_v, n_block: Int32,
         batch: Int32, head_kv, seqlen: SeqlenInfo,
@@ -630,15 +600,24 @@ class FlashBackwardSm90(AttentionKernel):
         cute.copy(atom, t_gmem, t_smem, tma_bar_ptr=barrier)
 
     @cute.jit
-    def wait_for_key_tile(self, pipeline_kv, sK, sV, seqlen: SeqlenInfo, n_block: Int32, tidx):
-        """Varlen: the consumers' wait for K and V (only where the producer loaded them), then
-        their rows past the sequence's keys zeroed. Fixed length: none (K and V came with the
-        first step's Q and dO: its waits cover them; a key tile without steps loaded
-        nothing)."""
+    def wait_for_key_tile(
+        self, pipeline_q, pipeline_do, sK, sV, seqlen: SeqlenInfo, n_block: Int32, tidx,
+        num_steps: Int32,
+    ):
+        """K and V came with the first step's Q and dO (``produce``): that step's waits cover
+        them. Varlen, a key tile that crosses its sequence's end: TMA loaded the next
+        sequence's rows (or zeros past the packed tensor) after its keys, and P = 0 times a
+        NaN there would still be NaN: the consumers wait for the first step's Q and dO here
+        and zero those rows of K and V (the loop's own waits for that step then return at
+        once: the stage is not released before the step). Tiles within their sequence, as
+        fixed length, wait for nothing here."""
         if cutlass.const_expr(self.varlen):
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            if n_block * self.tile_n < seqlen.seqlen_k:
-                pipeline_kv.consumer_wait(kv_state)
+            if (n_block + 1) * self.tile_n > seqlen.seqlen_k and num_steps > 0:
+                state = pipeline.make_pipeline_state(
+                    pipeline.PipelineUserType.Consumer, self.num_stages
+                )
+                pipeline_q.consumer_wait(state)
+                pipeline_do.consumer_wait(state)
                 self.zero_keys_past_sequence(sK, sV, seqlen, n_block, tidx)
 
     # ---- dQ writer: bulk reductions from shared memory ----------------------------------------
@@ -718,7 +697,7 @@ class FlashBackwardSm90(AttentionKernel):
     @cute.jit
     def consume(
         self, mdK, mdV, dkv_out: dict, sQ, sK, sV, sdO, sdSt, sdQ, sLSE, sDpsum,
-        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q, pipeline_do,
+        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_q, pipeline_do,
         scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
         batch: Int32, steps: dict,
     ):
@@ -801,7 +780,10 @@ class FlashBackwardSm90(AttentionKernel):
             Int32((n_block + 1) * self.tile_n > seqlen.seqlen_k)
         ) != 0
 
-        self.wait_for_key_tile(pipeline_kv, sK, sV, seqlen, n_block, tidx)
+        self.wait_for_key_tile(
+            pipeline_q, pipeline_do, sK, sV, seqlen, n_block, tidx,
+            steps["group"] * steps["num_m_blocks"],
+        )
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)

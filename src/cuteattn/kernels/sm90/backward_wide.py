@@ -103,7 +103,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
     @cute.jit
     def consume(
         self, mdK, mdV, dkv_out: dict, sQ, sK, sV, sdO, sPdS, sdQ, sLSE, sDpsum,
-        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_kv, pipeline_q, pipeline_do,
+        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_q, pipeline_do,
         scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
         batch: Int32, steps: dict,
     ):
@@ -163,7 +163,10 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             Int32((n_block + 1) * self.tile_n > seqlen.seqlen_k)
         ) != 0
 
-        self.wait_for_key_tile(pipeline_kv, sK, sV, seqlen, n_block, tidx)
+        self.wait_for_key_tile(
+            pipeline_q, pipeline_do, sK, sV, seqlen, n_block, tidx,
+            steps["group"] * steps["num_m_blocks"],
+        )
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
