@@ -17,7 +17,9 @@ stores turn + 1.
 
 Waiting never deadlocks as long as the key tile that goes first at a query tile was dispatched
 first: ``key_tile_of_block`` maps the grid's fastest dimension to key tiles in turn order (the
-CTAs of one head and batch are dispatched in that order); a packed (varlen) batch's
+CTAs of one head and batch are dispatched in that order); ``section_work_tile`` (the sm90
+fixed-length backward) keeps each (batch, KV head) pair's key tiles in turn order within its
+L2 section; a packed (varlen) batch's
 ``VarlenTileScheduler`` numbers each (sequence, KV head)'s key tiles in the same order
 (consecutively, or, heads fastest, with the sequence's other heads' tiles between them, which
 changes nothing).
@@ -29,6 +31,11 @@ from cutlass import Int32
 
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
+from cuteattn.kernels.common.tile_scheduler import (
+    LinearTileCounts,
+    LinearTileScheduler,
+    make_linear_tile_counts,
+)
 
 
 @cute.jit
@@ -39,6 +46,37 @@ def key_tile_of_block(block: Int32, num_blocks: Int32, descending: cutlass.Const
     if cutlass.const_expr(descending):
         key_tile = num_blocks - 1 - block
     return key_tile
+
+
+@cute.jit
+def make_section_counts(
+    *, seqlen_q: Int32, seqlen_k: Int32, tile_n: cutlass.Constexpr[int], num_heads_kv: Int32,
+    num_batches: Int32, query_row_bytes: cutlass.Constexpr[int],
+) -> LinearTileCounts:
+    """Host side: the work tiles (key tile, KV head, batch) in ``LinearTileScheduler``'s L2
+    sections, key tiles in the role of its query tiles; a section holds the pairs whose
+    query-side rows (Q, dO and dq_accum: ``query_row_bytes`` per query and head) fit L2 together.
+
+    In grid order (key tiles fastest) the CTAs resident at once are all the key tiles of a few
+    pairs, and each query tile's additions pass down all of a pair's key tiles one after
+    another: on the H200 deterministic=True cost d64 s4k dense 19%, d128 13% in that order
+    (docs/PERF.md, sixteenth session). Pairs taking turns at each key tile put fewer key tiles
+    of each pair in flight together (d64 s4k: 16 pairs of 32 key tiles, 132 CTAs: about 8 key
+    tiles a pair), so fewer additions queue for each query tile, as FlashAttention-4's
+    deterministic head swizzle."""
+    return make_linear_tile_counts(
+        seqlen_q=seqlen_k, seqlen_k=seqlen_q, tile_m=tile_n, num_heads=num_heads_kv,
+        num_batches=num_batches, kv_bytes_per_key=query_row_bytes,
+    )
+
+
+@cute.jit
+def section_work_tile(counts: LinearTileCounts, descending: cutlass.Constexpr[bool]):
+    """Device side: this CTA's (key tile, KV head, batch) of ``make_section_counts``' order (a
+    1-D grid). Within a section each pair's key tiles come in turn order (descending: the last
+    first), so a turn's holder is dispatched before its waiters."""
+    work = LinearTileScheduler.create(counts, longest_first=descending).initial_work_tile()
+    return work.m_block, work.head, work.batch
 
 
 def descending(block_info: BlockInfo) -> bool:

@@ -46,7 +46,9 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
 
 Deterministic (``deterministic=True``): warp 1 adds a query tile's dQ in a fixed key-tile
 order (``kernels/common/turns.py``; causal: descending, the last key tiles dispatched first),
-waiting for each step's additions to complete.
+waiting for each step's additions to complete. Fixed length, the CTAs come in L2 sections, the
+(batch, KV head) pairs of a section taking turns at each key tile (``turns.section_work_tile``),
+so that fewer additions queue behind each other at a query tile.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
 tile_m 64 (d64: or 128; d128: or 80, dQ then computed transposed), tile_n 128 (two consumer
@@ -77,6 +79,8 @@ from cuteattn.kernels.common.opaque import computed_here
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
 from cuteattn.kernels.common.tile_scheduler import (
+    LinearTileCounts,
+    LinearTileScheduler,
     VarlenTileCounts,
     VarlenTileScheduler,
     make_varlen_tile_counts,
@@ -243,6 +247,16 @@ class FlashBackwardSm90(AttentionKernel):
         )
         grid = (num_key_tiles, num_heads_kv, num_batches)
         tile_counts = None
+        if cutlass.const_expr(self.deterministic and not self.varlen):
+            # Pairs take turns at each key tile within L2 sections (``turns``).
+            elem_bytes = self.dtype.width // 8
+            tile_counts = turns.make_section_counts(
+                seqlen_q=mQ.shape[1], seqlen_k=mK.shape[1], tile_n=self.tile_n,
+                num_heads_kv=num_heads_kv, num_batches=num_batches,
+                query_row_bytes=(self.head_dim + self.head_dim_v) * elem_bytes
+                + self.head_dim * Float32.width // 8,
+            )
+            grid = LinearTileScheduler.grid_shape(tile_counts)
         if cutlass.const_expr(self.varlen):
             # Packed (1, total, heads, dim): a CTA per key tile of each sequence and KV head.
             tile_counts = make_varlen_tile_counts(
@@ -361,7 +375,8 @@ class FlashBackwardSm90(AttentionKernel):
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,
-        tile_counts: VarlenTileCounts | None,  # varlen: the key tiles of the sequences
+        # varlen: the key tiles of the sequences; fixed-length deterministic: their sections
+        tile_counts: VarlenTileCounts | LinearTileCounts | None,
         tQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch)
         tK: cute.Tensor,
         tV: cute.Tensor,
@@ -396,7 +411,7 @@ class FlashBackwardSm90(AttentionKernel):
         descending = self.deterministic and (self.causal or self.window is not None)
         if cutlass.const_expr(self.varlen):
             # Every warp decodes its CTA's key tile (the scan takes whole warps); in turn order
-            # within each (sequence, KV head), as ``key_tile_of_block`` below.
+            # within each (sequence, KV head), as ``turns.section_work_tile`` below.
             # Key tiles that differ in work (causal, a window): a sequence's heads take turns.
             # The longest sequences first: the launch ends on short ones' tiles.
             work = VarlenTileScheduler.create(
@@ -406,10 +421,10 @@ class FlashBackwardSm90(AttentionKernel):
             ).initial_work_tile()
             n_block, head_kv, batch = work.m_block, work.head, work.batch
         else:
-            block, head_kv, batch = cute.arch.block_idx()
-            n_block = turns.key_tile_of_block(
-                block, cute.arch.grid_dim()[0], descending=descending
-            )
+            if cutlass.const_expr(self.deterministic):
+                n_block, head_kv, batch = turns.section_work_tile(tile_counts, descending)
+            else:
+                n_block, head_kv, batch = cute.arch.block_idx()
             # Kept in a register: left to the compiler, every key-loop step that needs it
             # (the causal / window mask checks) reads %ctaid.x again (``computed_here``).
             n_block = computed_here(n_block)
