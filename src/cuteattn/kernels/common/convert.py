@@ -9,8 +9,9 @@ with the softmax. ``cvt.rn.{bf16x2,f16x2}.f32`` packs a pair in one instruction 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
+
+from cuteattn.kernels.common.inline_ptx import inline_ptx
 
 _PTX_TYPE = {cutlass.BFloat16: "bf16x2", cutlass.Float16: "f16x2"}
 
@@ -18,17 +19,8 @@ _PTX_TYPE = {cutlass.BFloat16: "bf16x2", cutlass.Float16: "f16x2"}
 @dsl_user_op
 def _pack_pair(low: Float32, high: Float32, ptx_type: str, *, loc=None, ip=None) -> Int32:
     # cvt.rn.<t>x2.f32 d, a, b puts a in the upper half and b in the lower half of d.
-    return Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [Float32(high).ir_value(loc=loc, ip=ip), Float32(low).ir_value(loc=loc, ip=ip)],
-            f"cvt.rn.{ptx_type}.f32 $0, $1, $2;",
-            "=r,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return inline_ptx(Int32, [Float32(high), Float32(low)], f"cvt.rn.{ptx_type}.f32 $0, $1, $2;",
+                      "=r,f,f", side_effects=False, loc=loc, ip=ip)
 
 
 def convert_packed(src: cute.Tensor, dst: cute.Tensor):

@@ -13,8 +13,9 @@ are at most its rescale threshold).
 
 import cutlass
 from cutlass import Float32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
+
+from cuteattn.kernels.common.inline_ptx import inline_ptx
 
 # Remez (relative error) coefficients of 2^f on [-0.5, 0.5], float32.
 EXP2_CUBIC = (0.9999280571937561, 0.6932609677314758, 0.2426111251115799, 0.0551716685295105)
@@ -25,17 +26,8 @@ LOWEST = -126.0
 @dsl_user_op
 def _round_shifted(x: Float32, *, loc=None, ip=None) -> Float32:
     """x + 1.5 * 2^23, rounded to nearest: round(x) sits in the low mantissa bits."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(x).ir_value(loc=loc, ip=ip)],
-            "add.rn.f32 $0, $1, 0f4B400000;",
-            "=f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return inline_ptx(Float32, [Float32(x)], "add.rn.f32 $0, $1, 0f4B400000;", "=f,f",
+                      side_effects=False, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -44,29 +36,23 @@ def _scale_by_exponent(
 ) -> Float32:
     """mantissa * 2^round(x) (round(x) from ``shifted``'s low bits, added to the exponent
     field); 0 where x <= LOWEST."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [
-                Float32(x).ir_value(loc=loc, ip=ip),
-                Float32(shifted).ir_value(loc=loc, ip=ip),
-                Float32(mantissa).ir_value(loc=loc, ip=ip),
-            ],
-            "{\n\t"
-            ".reg .b32 exponent, bits;\n\t"
-            ".reg .pred underflow;\n\t"
-            "mov.b32 exponent, $2;\n\t"
-            "shl.b32 exponent, exponent, 23;\n\t"
-            "mov.b32 bits, $3;\n\t"
-            "add.s32 bits, bits, exponent;\n\t"
-            "setp.le.f32 underflow, $1, 0fC2FC0000;\n\t"
-            "selp.b32 $0, 0, bits, underflow;\n\t"
-            "}",
-            "=f,f,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
+    return inline_ptx(
+        Float32,
+        [Float32(x), Float32(shifted), Float32(mantissa)],
+        "{\n\t"
+        ".reg .b32 exponent, bits;\n\t"
+        ".reg .pred underflow;\n\t"
+        "mov.b32 exponent, $2;\n\t"
+        "shl.b32 exponent, exponent, 23;\n\t"
+        "mov.b32 bits, $3;\n\t"
+        "add.s32 bits, bits, exponent;\n\t"
+        "setp.le.f32 underflow, $1, 0fC2FC0000;\n\t"
+        "selp.b32 $0, 0, bits, underflow;\n\t"
+        "}",
+        "=f,f,f,f",
+        side_effects=False,
+        loc=loc,
+        ip=ip,
     )
 
 

@@ -8,21 +8,13 @@ moved or duplicated: the value is computed before the loop and kept in a registe
 """
 
 from cutlass import Int32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
+
+from cuteattn.kernels.common.inline_ptx import inline_ptx
 
 
 @dsl_user_op
 def computed_here(value: Int32, *, loc=None, ip=None) -> Int32:
     """``value``, computed at this point of the program (not rematerialised later)."""
-    return Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [Int32(value).ir_value(loc=loc, ip=ip)],
-            "mov.b32 $0, $1;",
-            "=r,r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
+    return inline_ptx(Int32, [Int32(value)], "mov.b32 $0, $1;", "=r,r", side_effects=True,
+                      loc=loc, ip=ip)
