@@ -378,6 +378,7 @@ def test_every_family_is_a_backend():
     assert set(DEFAULT_BACKENDS) <= set(BACKEND_NAMES)
     for name in family_names():
         assert f"cuteattn-{name}" in BACKEND_NAMES
+        assert f"cuteattn-{name}-deterministic" in BACKEND_NAMES
         assert f"cuteattn-{name}" not in DEFAULT_BACKENDS
     assert parse_backend_names("cuteattn-sm80,cuteattn") == ["cuteattn-sm80", "cuteattn"]
     args = build_parser().parse_args(["--backends", "cuteattn,cuteattn-sm80"])
@@ -398,13 +399,16 @@ def test_family_backend_forces_its_family(monkeypatch):
     assert call() == "out"
     assert calls == [
         {"causal": True, "window_size": (-1, -1), "softcap": 0.0, "family": "sm80",
-         "return_lse": False}
+         "return_lse": False, "deterministic": False}
     ]
     load_backend("cuteattn-sm80", softcap=50.0, window=(4096, 0))("q", "k", "v", False)()
     assert calls[-1] == {
         "causal": False, "window_size": (4096, 0), "softcap": 50.0, "family": "sm80",
-        "return_lse": False,
+        "return_lse": False, "deterministic": False,
     }
+    # A family's deterministic variant (its cost per row: ``--mode bwd``).
+    load_backend("cuteattn-sm80-deterministic")("q", "k", "v", True)()
+    assert calls[-1]["family"] == "sm80" and calls[-1]["deterministic"] is True
 
 
 def test_sdpa_backends_have_no_softcap():

@@ -46,7 +46,8 @@ def _cuteattn_loader(
                 )
             if family is not None:
                 return lambda: api.forward(
-                    q, k, v, **options, family=family, return_lse=False
+                    q, k, v, **options, family=family, return_lse=False,
+                    deterministic=deterministic,
                 )[0]
             return lambda: cuteattn.flash_attn_func(
                 q, k, v, **options, deterministic=deterministic
@@ -130,7 +131,13 @@ def _family_loaders() -> dict[str, Callable[..., Binder]]:
     # The family registry is plain Python (no DSL import), so listing it here stays cheap.
     from cuteattn.plan import family_names
 
-    return {f"cuteattn-{name}": _cuteattn_loader(family=name) for name in family_names()}
+    loaders = {}
+    for name in family_names():
+        loaders[f"cuteattn-{name}"] = _cuteattn_loader(family=name)
+        loaders[f"cuteattn-{name}{DETERMINISTIC_SUFFIX}"] = _cuteattn_loader(
+            family=name, deterministic=True
+        )
+    return loaders
 
 
 # The deterministic variants differ in the backward only (``--mode bwd``): next to their plain
