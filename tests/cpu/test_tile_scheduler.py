@@ -83,6 +83,20 @@ def test_decode_linear_tile_walks_sections_in_the_promised_order(
         assert section == expected
 
 
+@pytest.mark.parametrize("descending", (False, True))
+@pytest.mark.parametrize("m_blocks,heads,batches,heads_per_section", LINEAR_CASES)
+def test_linear_order_dispatches_each_turn_holder_before_its_waiters(
+    m_blocks, heads, batches, heads_per_section, descending
+):
+    """The deterministic backward's use (``turns.section_work_tile``: key tiles in the work
+    tiles' m_block): every (batch, KV head) pair's key tiles come in turn order, ascending, or
+    descending (causal / window), so no CTA waits on a turn of a CTA dispatched after it."""
+    order = _order(m_blocks, heads, batches, heads_per_section, descending)
+    for head, batch in itertools.product(range(heads), range(batches)):
+        key_tiles = [n for n, h, b in order if (h, b) == (head, batch)]
+        assert key_tiles == sorted(range(m_blocks), reverse=descending)
+
+
 @pytest.mark.parametrize(
     "scheduler_cls,persistent",
     [(SingleTileScheduler, False), (LinearTileScheduler, False), (LinearTileScheduler, True)],
