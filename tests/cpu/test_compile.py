@@ -489,3 +489,16 @@ def test_persistent_forward_without_an_o_buffer_compiles(case):
     )
     assert tiling.o_in_v_fits(plan.tile_m, plan.tile_n, plan.num_stages) == (o_buffer == "v")
     assert compile_forward(plan) is not None, plan
+
+
+def test_ptxas_options_join_the_compile_options():
+    """``CUTEATTN_PTXAS_OPTIONS`` (benchmarks) reaches ``cute.compile`` as --ptxas-options;
+    unset, the options are the defaults."""
+    from cuteattn.runtime.compile import compile_options
+
+    assert compile_options("sm_90a") == "--enable-tvm-ffi --gpu-arch sm_90a"
+    assert compile_options("sm_90a", "-O2") == (
+        "--enable-tvm-ffi --gpu-arch sm_90a --ptxas-options '-O2'"
+    )
+    with pytest.raises(ValueError, match="CUTEATTN_PTXAS_OPTIONS"):
+        compile_options("sm_90a", "-O2 '")

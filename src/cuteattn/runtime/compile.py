@@ -7,6 +7,7 @@ dependency floors are checked once, before the first compile imports the DSL.
 
 import functools
 import logging
+import os
 import time
 
 from cuteattn.arch import arch_from_name
@@ -15,8 +16,23 @@ from cuteattn.runtime.deps import check_dependencies
 
 log = logging.getLogger("cuteattn")
 
-# Compiled kernels by plan, or by (kind, arch, sizes) for the pre- and postprocess kernels.
+# Compiled kernels by plan, or by (kind, arch, sizes) for the pre- and postprocess kernels
+# (with the ptxas options, where given).
 _compiled: dict[object, object] = {}
+
+# For benchmarks: extra ptxas options (e.g. "-O2") for every kernel this process compiles, read
+# at each compile (FlashAttention-4 measured -O2 at +3-4% on some kernels, -7% on others).
+PTXAS_OPTIONS_ENV = "CUTEATTN_PTXAS_OPTIONS"
+
+
+def compile_options(arch: str, ptxas_options: str = "") -> str:
+    """``cute.compile``'s options for ``arch``, with extra ptxas options if any."""
+    options = f"--enable-tvm-ffi --gpu-arch {arch}"
+    if ptxas_options:
+        if "'" in ptxas_options:
+            raise ValueError(f"{PTXAS_OPTIONS_ENV} must not contain a quote: {ptxas_options!r}")
+        options += f" --ptxas-options '{ptxas_options}'"
+    return options
 
 
 @functools.cache
@@ -139,6 +155,9 @@ def _cached_compile(key, arch: str, build):
     """The compiled kernel of ``key``, or compile it once: ``build()`` (called after the
     dependency check, so it may import the DSL) returns the kernel object and its fake
     arguments; the stream is torch's current one, through TVM-FFI."""
+    ptxas_options = os.environ.get(PTXAS_OPTIONS_ENV, "").strip()
+    if ptxas_options:
+        key = (key, ptxas_options)
     fn = _compiled.get(key)
     if fn is None:
         _check_dependencies_once()
@@ -148,7 +167,7 @@ def _cached_compile(key, arch: str, build):
         start = time.perf_counter()
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         fn = cute.compile(
-            kernel, *fake_args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}"
+            kernel, *fake_args, stream, options=compile_options(arch, ptxas_options)
         )
         _compiled[key] = fn
         log.info("compiled %s in %.1f s", key, time.perf_counter() - start)
