@@ -16,13 +16,18 @@ from cuteattn.runtime.deps import check_dependencies
 
 log = logging.getLogger("cuteattn")
 
-# Compiled kernels by plan, or by (kind, arch, sizes) for the pre- and postprocess kernels
-# (with the ptxas options, where given).
+# Compiled kernels by plan, or by (kind, arch, sizes) for the pre- and postprocess kernels.
 _compiled: dict[object, object] = {}
 
 # For benchmarks: extra ptxas options (e.g. "-O2") for every kernel this process compiles, read
-# at each compile (FlashAttention-4 measured -O2 at +3-4% on some kernels, -7% on others).
+# once, at the first compile (FlashAttention-4 measured -O2 at +3-4% on some kernels, -7% on
+# others). One setting per process: compare settings in separate processes.
 PTXAS_OPTIONS_ENV = "CUTEATTN_PTXAS_OPTIONS"
+
+
+@functools.cache
+def _ptxas_options() -> str:
+    return os.environ.get(PTXAS_OPTIONS_ENV, "").strip()
 
 
 def compile_options(arch: str, ptxas_options: str = "") -> str:
@@ -155,9 +160,6 @@ def _cached_compile(key, arch: str, build):
     """The compiled kernel of ``key``, or compile it once: ``build()`` (called after the
     dependency check, so it may import the DSL) returns the kernel object and its fake
     arguments; the stream is torch's current one, through TVM-FFI."""
-    ptxas_options = os.environ.get(PTXAS_OPTIONS_ENV, "").strip()
-    if ptxas_options:
-        key = (key, ptxas_options)
     fn = _compiled.get(key)
     if fn is None:
         _check_dependencies_once()
@@ -167,7 +169,7 @@ def _cached_compile(key, arch: str, build):
         start = time.perf_counter()
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         fn = cute.compile(
-            kernel, *fake_args, stream, options=compile_options(arch, ptxas_options)
+            kernel, *fake_args, stream, options=compile_options(arch, _ptxas_options())
         )
         _compiled[key] = fn
         log.info("compiled %s in %.1f s", key, time.perf_counter() - start)

@@ -64,10 +64,11 @@ def backward_warp_layouts(num_warps: int, head_dim: int):
     along head_dim where each then gets whole 16-column pairs of 8-column MMA atoms (head
     dims 128, 192, 256): FlashAttention-2's grid, fewer ldmatrix of K^T per step than 4
     warps along the 64 queries. d64's 128-row tiles keep (4, 2), FlashAttention-2's d64 grid:
-    32 x 32 per warp reads 64 x 128 of dS and K per step where 64 x 16 reads 80 x 128. From head dim 192 (64 x 64 tiles) dK / dV take 4 warps along
-    the head dim too (32 x 64 per warp instead of 16 x 128: 168 ldmatrix per warp and step
-    instead of 204 at d256), and S / dP 4 warps along the queries: FlashAttention-2's d256
-    grids; with S / dP's (2, 4) kept, d256 spills 44 bytes (sm_80 SASS)."""
+    32 x 32 per warp reads 64 x 128 of dS and K per step where 64 x 16 reads 80 x 128. From
+    head dim 192 (64 x 64 tiles) dK / dV take 4 warps along the head dim too (32 x 64 per warp
+    instead of 16 x 128: 168 ldmatrix per warp and step instead of 204 at d256), and S / dP 4
+    warps along the queries: FlashAttention-2's d256 grids; with S / dP's (2, 4) kept, d256
+    spills 44 bytes (sm_80 SASS)."""
     sdp, dkv, dq = BACKWARD_WARP_LAYOUTS[num_warps]
     if num_warps == 8 and head_dim % 64 == 0 and head_dim >= 128:
         dq = (2, 4)
