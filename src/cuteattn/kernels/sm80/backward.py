@@ -28,7 +28,9 @@ need no atomics and no expanded buffers for dK, dV). For each (query head, m_blo
      key tiles of a KV head add to one query tile in a fixed order, each waiting on a
      per-(batch, head, m_block) counter (``semaphore``, zeroed) for its turn
      (``kernels/common/turns.py``: ascending key tiles, descending when causal, and the CTAs
-     dispatched in turn order so that the waits end);
+     dispatched in turn order so that the waits end), and passes the turn on at the next
+     step's first barrier, once its additions have drained under 7. (one stage: at the
+     step's closing barrier);
   7. dK += dS^T Q.
 Then dK *= softmax_scale, and dK, dV go through shared memory (K's and V's buffers) to 128-bit
 global stores; rows past seqlen_k are not written. Key tiles no query row can see (causal,
@@ -59,6 +61,7 @@ from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
+from cuteattn.kernels.common.tile_scheduler import LinearTileCounts, LinearTileScheduler
 from cuteattn.kernels.sm80 import tiling
 from cuteattn.kernels.sm80.fragments import ldmatrix_atoms, warp_grid_mma
 from cuteattn.kernels.sm80.warp_gemm import SmemOperand, gemm
@@ -145,6 +148,16 @@ class FlashBackwardSm80(AttentionKernel):
         gmem_copy_async, gmem_copy_store = gmem_row_copies(self.dtype, tile_atom, self.num_threads)
 
         grid = (cute.ceil_div(mK.shape[1], self.tile_n), mK.shape[2], mK.shape[0])
+        tile_counts = None
+        if cutlass.const_expr(self.deterministic and not self.varlen):
+            # Pairs take turns at each key tile within L2 sections (``turns``).
+            tile_counts = turns.make_section_counts(
+                seqlen_q=mQ.shape[1], seqlen_k=mK.shape[1], tile_n=self.tile_n,
+                num_heads_kv=mK.shape[2], num_batches=mK.shape[0],
+                query_row_bytes=(self.head_dim + self.head_dim_v) * self.dtype.width // 8
+                + self.head_dim * Float32.width // 8,
+            )
+            grid = LinearTileScheduler.grid_shape(tile_counts)
         if cutlass.const_expr(self.varlen):
             # Packed (1, total, heads, dim): a CTA per key tile of the longest sequence.
             grid = (
@@ -152,7 +165,7 @@ class FlashBackwardSm80(AttentionKernel):
             )
         self.kernel(
             mQ, mK, mV, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
-            mCuSeqlensQ, mCuSeqlensK, mSequsedK,
+            mCuSeqlensQ, mCuSeqlensK, mSequsedK, tile_counts,
             capping.exp2_scale(softmax_scale, self.softcap), softmax_scale,
             sQ_layout, sdO_layout, sKV_layout, sV_layout, sPdS_layout, gmem_copy_async,
             gmem_copy_store,
@@ -183,6 +196,7 @@ class FlashBackwardSm80(AttentionKernel):
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,
+        tile_counts: LinearTileCounts | None,  # fixed-length deterministic: the L2 sections
         scale_log2: Float32,
         softmax_scale: Float32,
         sQ_layout: cute.ComposedLayout,
@@ -198,11 +212,14 @@ class FlashBackwardSm80(AttentionKernel):
         SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        block, head_kv, batch = cute.arch.block_idx()
-        n_block = turns.key_tile_of_block(
-            block, cute.arch.grid_dim()[0],
-            descending=self.deterministic and (self.causal or self.window is not None),
-        )
+        descending = self.deterministic and (self.causal or self.window is not None)
+        if cutlass.const_expr(self.deterministic and not self.varlen):
+            n_block, head_kv, batch = turns.section_work_tile(tile_counts, descending)
+        else:
+            block, head_kv, batch = cute.arch.block_idx()
+            n_block = turns.key_tile_of_block(
+                block, cute.arch.grid_dim()[0], descending=descending
+            )
         tile_q = (self.tile_m, self.head_dim)
         tile_kv = (self.tile_n, self.head_dim)
         tile_v = (self.tile_n, self.head_dim_v)
@@ -330,6 +347,14 @@ class FlashBackwardSm80(AttentionKernel):
             gmem_copy_async=gmem_copy_async, batch=batch, head_kv=head_kv, group=group,
             m_block_min=m_block_min, num_m_blocks=num_m_blocks, seqlen=seqlen,
         )
+        # Deterministic: a step's turn passes at the next step's first barrier (the last
+        # step's at the epilogue's); with one stage, at the step's closing barrier.
+        late_release = self.deterministic and self.num_stages > 1
+        turn_args = dict(
+            mSemaphore=mSemaphore, block_info=block_info, seqlen=seqlen, batch=batch,
+            head_kv=head_kv, group=group, m_block_min=m_block_min, num_m_blocks=num_m_blocks,
+            n_block=n_block, tidx=tidx,
+        )
         if cutlass.const_expr(self.num_stages > 1):
             if num_steps > 0:
                 self.load_query_tile(Int32(0), Int32(0), **query_tiles)
@@ -345,7 +370,15 @@ class FlashBackwardSm80(AttentionKernel):
                 self.load_query_tile(step, stage, **query_tiles)
                 cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
+            if cutlass.const_expr(late_release):
+                # The previous step's dq additions are complete: they drained under its dK
+                # GEMM, where waiting for them at once would hold the CTA (and the key tiles
+                # queued behind it at that query tile) for their round trip to L2.
+                cute.arch.fence_acq_rel_gpu()
             cute.arch.barrier()
+            if cutlass.const_expr(late_release):
+                if step > 0:
+                    self.pass_turn_of_step(step - 1, **turn_args)
             if cutlass.const_expr(self.num_stages > 1):
                 # The other buffer's readers (the previous step) passed the barrier above.
                 if step + 1 < num_steps:
@@ -417,13 +450,24 @@ class FlashBackwardSm80(AttentionKernel):
             )
             gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, qt_stage, a_from_smem=dst_operand)
             if cutlass.const_expr(self.num_stages == 1):
-                # Every warp is done with this step's Q, dO, P and dS before the next load.
+                # Every warp is done with this step's Q, dO, P and dS before the next load;
+                # deterministic, the turn passes here (the next step's first barrier would
+                # wait for its Q and dO loads too).
+                if cutlass.const_expr(self.deterministic):
+                    cute.arch.fence_acq_rel_gpu()
                 cute.arch.barrier()
+                if cutlass.const_expr(self.deterministic):
+                    self.pass_turn_of_step(step, **turn_args)
 
         # ---- Epilogue: dK, dV through K's and V's buffers ---------------------------------------
         # K and V landed even where no query tile was visited (their buffers are reused).
         cute.arch.cp_async_wait_group(0)
+        if cutlass.const_expr(late_release):
+            cute.arch.fence_acq_rel_gpu()
         cute.arch.barrier()
+        if cutlass.const_expr(late_release):
+            if num_steps > 0:
+                self.pass_turn_of_step(num_steps - 1, **turn_args)
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * softmax_scale
         for acc, smem, mgrad, tile in ((acc_dK, sK, mdK, tile_kv), (acc_dV, sV, mdV, tile_v)):
@@ -488,7 +532,8 @@ class FlashBackwardSm80(AttentionKernel):
     ):
         """This step's dQ accumulator into dq_accum's query tile with fp32 atomics
         (red.global.add), in fragment order (value i of thread t at i * threads + t), at this
-        key tile's ``turn`` at the query tile when deterministic."""
+        key tile's ``turn`` at the query tile when deterministic (passed on by the caller:
+        ``pass_turn_of_step``)."""
         gdQ = cute.local_tile(
             seqlen.buffer_rows(
                 mdQaccum[None, None, 0, None, None], batch, head, packed=self.varlen,
@@ -497,12 +542,9 @@ class FlashBackwardSm80(AttentionKernel):
             (self.tile_m, self.head_dim), (m_block, 0),
         )
         if cutlass.const_expr(self.deterministic):
-            counter = mSemaphore[batch, head, None].iterator + m_block
-            self.wait_for_turn(counter, turn, tidx)
+            self.wait_for_turn(mSemaphore[batch, head, None].iterator + m_block, turn, tidx)
         for i in cutlass.range_constexpr(cute.size(acc_dQ)):
             cute.arch.atomic_add(gdQ.iterator + (i * self.num_threads + tidx), acc_dQ[i])
-        if cutlass.const_expr(self.deterministic):
-            self.pass_turn(counter, turn, tidx)
 
     @cute.jit
     def wait_for_turn(self, counter: cute.Pointer, turn: Int32, tidx: Int32):
@@ -512,12 +554,20 @@ class FlashBackwardSm80(AttentionKernel):
         cute.arch.barrier()
 
     @cute.jit
-    def pass_turn(self, counter: cute.Pointer, turn: Int32, tidx: Int32):
-        """Publish this CTA's dq additions, then hand the query tile to the next turn."""
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.barrier()
+    def pass_turn_of_step(
+        self, step: Int32, mSemaphore, block_info, seqlen, batch, head_kv, group, m_block_min,
+        num_m_blocks, n_block, tidx: Int32,
+    ):
+        """Hand ``step``'s query tile to the next key tile (thread 0). The caller made every
+        thread's additions there complete and visible first: each thread's
+        ``fence.acq_rel.gpu``, then a CTA barrier."""
+        head = head_kv * group + step // num_m_blocks
+        m_block = m_block_min + step % num_m_blocks
         if tidx == 0:
-            turns.pass_turn(counter, turn)
+            turns.pass_turn(
+                mSemaphore[batch, head, None].iterator + m_block,
+                turns.turn_of(block_info, seqlen, m_block, n_block),
+            )
 
     @cute.jit
     def load_rows(
