@@ -18,6 +18,10 @@ peers' backward through autograd (and SDPA's flash backward, sm80's peer):
 
     python scripts/tune_sm90.py --mode bwd --dims 256
     python scripts/tune_sm90.py --mode bwd --family sm80 --dims 64
+
+``--deterministic true`` times the deterministic backward plans instead (named ``-det``, against
+FA4's deterministic backward too), ``both`` the two side by side: the cost of determinism per
+tile, in one process.
 """
 
 import argparse
@@ -126,11 +130,11 @@ def candidates(
     return plans, skipped
 
 
-def shape_problem(arch, shape: Shape, dtype: str) -> Problem:
+def shape_problem(arch, shape: Shape, dtype: str, deterministic: bool = False) -> Problem:
     return Problem(
         batch=shape.batch, seqlen_q=shape.seqlen, seqlen_k=shape.seqlen_k, heads_q=shape.heads,
         heads_kv=shape.heads_kv, head_dim=shape.dim, head_dim_v=shape.dim, dtype=dtype,
-        causal=shape.causal, arch=arch,
+        causal=shape.causal, arch=arch, deterministic=deterministic,
     )
 
 
@@ -145,25 +149,36 @@ def planner_choice(arch, shape: Shape, dtype: str, mode: str = "fwd", family: st
 
 
 def backward_name(plan: KernelPlan) -> str:
-    return f"bwd-{plan.tile_m}x{plan.tile_n}" + ("" if plan.family == "sm90" else f"-{plan.family}")
+    return (
+        f"bwd-{plan.tile_m}x{plan.tile_n}"
+        + ("" if plan.family == "sm90" else f"-{plan.family}")
+        + ("-det" if plan.option("deterministic", False) else "")
+    )
 
 
-def backward_candidates(arch, shape: Shape, dtype: str, tile_ms=None, family: str = "sm90") -> dict:
+def backward_candidates(
+    arch, shape: Shape, dtype: str, tile_ms=None, family: str = "sm90", deterministic=(False,)
+) -> dict:
     """A family's backward plans for ``shape`` by name: every one it offers and can implement
-    on ``arch``, or those whose tile_m is in ``tile_ms``."""
+    on ``arch``, or those whose tile_m is in ``tile_ms``; for each of ``deterministic``."""
     family = get_family(family)
     return {
         backward_name(plan): plan
-        for plan in family.backward_candidates(shape_problem(arch, shape, dtype))
+        for det in deterministic
+        for plan in family.backward_candidates(shape_problem(arch, shape, dtype, det))
         if family.can_implement(plan, arch) and (tile_ms is None or plan.tile_m in tile_ms)
     }
 
 
 def backward_plan_binder(plan: KernelPlan):
+    deterministic = plan.option("deterministic", False)
+
     def bind(q, k, v, causal):
         out, lse = api.forward(q, k, v, causal=causal)
         dout = torch.randn_like(out)
-        return lambda: api.backward(dout, q, k, v, out, lse, causal=causal, plan=plan)
+        return lambda: api.backward(
+            dout, q, k, v, out, lse, causal=causal, deterministic=deterministic, plan=plan
+        )
 
     return bind
 
@@ -218,6 +233,8 @@ def main(argv=None) -> int:
     parser.add_argument("--bwd-tile-m", type=int_list, default=None,
                         help="--mode bwd: the backward query tiles to time (default: every one "
                              "the family offers for the head dim)")
+    parser.add_argument("--deterministic", choices=tuple(PERSISTENT_MODES), default="false",
+                        help="--mode bwd: deterministic plans (true), or both kinds side by side")
     parser.add_argument("--seqlen-k", type=int, default=None,
                         help="keys per sequence (default: the row's seqlen)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
@@ -264,9 +281,15 @@ def tune_backward(args, shapes, arch, peers) -> int:
     if args.family == "sm80":
         peer_names = PEERS + ("sdpa-flash",)
         peers = peers | load_available(["sdpa-flash"])
+    deterministic = PERSISTENT_MODES[args.deterministic]
+    if True in deterministic:
+        peer_names = peer_names + ("fa4-deterministic",)
+        peers = peers | load_available(["fa4-deterministic"])
     peers = {name: backward_binder(bind) for name, bind in peers.items()}
     for shape in shapes:
-        plans = backward_candidates(arch, shape, args.dtype, args.bwd_tile_m, args.family)
+        plans = backward_candidates(
+            arch, shape, args.dtype, args.bwd_tile_m, args.family, deterministic
+        )
         if not plans:
             print(f"d{shape.dim} s{shape.seqlen} causal={shape.causal}: no backward candidate", flush=True)
             continue

@@ -79,6 +79,19 @@ def test_backward_candidates_are_the_family_offers(tune):
     assert tune.planner_choice(HOPPER, shape, "bf16", "bwd", "sm80") == "bwd-128x128-sm80"
 
 
+def test_deterministic_backward_candidates_sit_next_to_the_plain_ones(tune):
+    """--deterministic both: each tile twice, the deterministic plan named -det (its plan
+    carries the option, so its binder asks api.backward for deterministic=True)."""
+    shape = Shape(dim=128, seqlen=4096, causal=False, batch=8, heads=16)
+    plans = tune.backward_candidates(HOPPER, shape, "bf16", deterministic=(False, True))
+    assert list(plans) == ["bwd-64x128", "bwd-80x128", "bwd-64x128-det", "bwd-80x128-det"]
+    assert [plan.option("deterministic", False) for plan in plans.values()] == [
+        False, False, True, True,
+    ]
+    only = tune.backward_candidates(HOPPER, shape, "bf16", [80], deterministic=(True,))
+    assert list(only) == ["bwd-80x128-det"]
+
+
 def test_shape_line_names_the_best_candidate_against_the_faster_peer(tune):
     shape = Shape(dim=256, seqlen=1024, causal=False, batch=32, heads=8)
     names = ["128x80x2-single", "128x64x2-single", "fa4", "sdpa-cudnn"]
