@@ -50,6 +50,27 @@ from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_f
 from cuteattn.runtime.arch import device_arch
 
 PERSISTENT_MODES = {"both": (True, False), "true": (True,), "false": (False,)}
+# The inputs of one row (q, k, v; 16-bit) must fit this: --seqlen-k with few queries keeps the
+# batch of --tokens // seqlen, which at seqlen 1 asks for terabytes of keys (pass --tokens).
+MAX_INPUT_BYTES = 24 * 2**30
+
+
+def input_bytes(shape: Shape) -> int:
+    """Bytes of one row's q, k and v in a 16-bit dtype."""
+    queries = shape.batch * shape.seqlen * shape.heads * shape.dim
+    keys = 2 * shape.batch * shape.seqlen_k * shape.heads_kv * shape.dim
+    return 2 * (queries + keys)
+
+
+def check_input_sizes(shapes) -> None:
+    """A ValueError naming the first row whose inputs exceed MAX_INPUT_BYTES."""
+    for shape in shapes:
+        if input_bytes(shape) > MAX_INPUT_BYTES:
+            raise ValueError(
+                f"{shape.label()}: q, k, v take {input_bytes(shape) / 2**30:.0f} GiB (batch "
+                f"{shape.batch}, {shape.seqlen_k} keys), over {MAX_INPUT_BYTES // 2**30} GiB: "
+                "give --tokens a smaller count"
+            )
 
 
 def int_list(text: str) -> list[int]:
@@ -250,6 +271,7 @@ def main(argv=None) -> int:
         )
         if args.seqlen_k is not None:
             shapes = [dataclasses.replace(shape, seqlen_k=args.seqlen_k) for shape in shapes]
+        check_input_sizes(shapes)
     except ValueError as exc:
         parser.error(str(exc))
     if not torch.cuda.is_available():

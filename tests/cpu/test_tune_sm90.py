@@ -132,3 +132,15 @@ def test_one_q_stage_candidates(tune):
     wide = Shape(dim=256, seqlen=4096, causal=False, batch=8, heads=8)
     plans, _ = tune.candidates(HOPPER, wide, "bf16", [(128, 80, 2)], (True,), one_q_stage_modes=(False, True))
     assert list(plans) == ["128x80x2-persistent"]
+
+
+def test_rows_too_large_for_the_gpu_are_refused_before_any_run(tune, capsys):
+    """A decode row at the default 32k tokens (batch 32768 with 8192 keys: 2 TiB of k and v)
+    is refused with a message that names the row; the bench grid's rows fit."""
+    huge = Shape(dim=128, seqlen=1, causal=False, batch=32768, heads=16, heads_kv=2, seqlen_k=8192)
+    with pytest.raises(ValueError, match="seqlen_k=8192.*--tokens"):
+        tune.check_input_sizes([huge])
+    tune.check_input_sizes([Shape(dim=256, seqlen=16384, causal=True, batch=2, heads=8)])
+    with pytest.raises(SystemExit):
+        tune.main(["--dims", "128", "--seqlens", "1", "--seqlen-k", "8192", "--heads-kv", "2"])
+    assert "give --tokens a smaller count" in capsys.readouterr().err
