@@ -41,6 +41,7 @@ from cuteattn.bench.runner import (
     ShapeResult,
     best_peer_ratio,
     build_grid,
+    check_input_sizes,
     log_to_stderr,
     run_benchmark,
 )
@@ -50,27 +51,6 @@ from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_f
 from cuteattn.runtime.arch import device_arch
 
 PERSISTENT_MODES = {"both": (True, False), "true": (True,), "false": (False,)}
-# The inputs of one row (q, k, v; 16-bit) must fit this: --seqlen-k with few queries keeps the
-# batch of --tokens // seqlen, which at seqlen 1 asks for terabytes of keys (pass --tokens).
-MAX_INPUT_BYTES = 24 * 2**30
-
-
-def input_bytes(shape: Shape) -> int:
-    """Bytes of one row's q, k and v in a 16-bit dtype."""
-    queries = shape.batch * shape.seqlen * shape.heads * shape.dim
-    keys = 2 * shape.batch * shape.seqlen_k * shape.heads_kv * shape.dim
-    return 2 * (queries + keys)
-
-
-def check_input_sizes(shapes) -> None:
-    """A ValueError naming the first row whose inputs exceed MAX_INPUT_BYTES."""
-    for shape in shapes:
-        if input_bytes(shape) > MAX_INPUT_BYTES:
-            raise ValueError(
-                f"{shape.label()}: q, k, v take {input_bytes(shape) / 2**30:.0f} GiB (batch "
-                f"{shape.batch}, {shape.seqlen_k} keys), over {MAX_INPUT_BYTES // 2**30} GiB: "
-                "give --tokens a smaller count"
-            )
 
 
 def int_list(text: str) -> list[int]:

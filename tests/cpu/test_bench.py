@@ -107,6 +107,19 @@ def test_heads_kv_must_divide_heads(capsys):
         build_parser().parse_args(["--heads-kv", "0"])
 
 
+def test_rows_whose_inputs_exceed_the_gpu_are_refused(capsys):
+    """A decode row with the grid's batch (32768 // 1 with 8192 keys: terabytes of k and v)
+    exits 2 naming the row, before looking for a GPU; the default grid fits."""
+    with pytest.raises(ValueError, match="seqlen_k=8192.*smaller count"):
+        grid("--dims", "128", "--extra-shape", "dim=128,seqlen=1,seqlen_k=8192,causal=false")
+    grid("--dims", "128", "--extra-shape", "dim=128,seqlen=1,seqlen_k=8192,causal=false,batch=64")
+    grid()
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--dims", "128", "--extra-shape", "dim=128,seqlen=1,seqlen_k=8192"])
+    assert excinfo.value.code == 2
+    assert "smaller count" in capsys.readouterr().err
+
+
 def test_shape_heads_kv_defaults_to_heads_and_is_checked():
     mha = Shape(dim=128, seqlen=1024, causal=False, batch=1, heads=16)
     assert mha.heads_kv == 16

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cuteattn.arch import arch_from_name
-from cuteattn.bench.runner import Shape, ShapeResult, tflops
+from cuteattn.bench.runner import Shape, ShapeResult, check_input_sizes, tflops
 
 from conftest import load_script
 
@@ -139,8 +139,8 @@ def test_rows_too_large_for_the_gpu_are_refused_before_any_run(tune, capsys):
     is refused with a message that names the row; the bench grid's rows fit."""
     huge = Shape(dim=128, seqlen=1, causal=False, batch=32768, heads=16, heads_kv=2, seqlen_k=8192)
     with pytest.raises(ValueError, match="seqlen_k=8192.*--tokens"):
-        tune.check_input_sizes([huge])
-    tune.check_input_sizes([Shape(dim=256, seqlen=16384, causal=True, batch=2, heads=8)])
+        check_input_sizes([huge])
+    check_input_sizes([Shape(dim=256, seqlen=16384, causal=True, batch=2, heads=8)])
     with pytest.raises(SystemExit):
         tune.main(["--dims", "128", "--seqlens", "1", "--seqlen-k", "8192", "--heads-kv", "2"])
-    assert "give --tokens a smaller count" in capsys.readouterr().err
+    assert "give --tokens (or the row's batch) a smaller count" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from .runner import (
     ExtraShape,
     Shape,
     build_grid,
+    check_input_sizes,
     collect_environment,
     format_environment,
     format_summaries,
@@ -177,10 +178,12 @@ def grid_from_args(args: argparse.Namespace) -> list[Shape]:
             args.dims, CAUSAL_MODES[args.causal], args.tokens, args.hidden, heads_kv=args.heads_kv,
             length_range=args.varlen_lengths,
         )
-    return build_grid(
+    shapes = build_grid(
         args.dims, args.seqlens, CAUSAL_MODES[args.causal], args.tokens, args.hidden,
         heads_kv=args.heads_kv, extra=args.extra_shape,
     )
+    check_input_sizes(shapes)
+    return shapes
 
 
 def load_available(

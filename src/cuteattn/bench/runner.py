@@ -172,6 +172,29 @@ def parse_extra_shape(text: str) -> ExtraShape:
     return ExtraShape(**fields)
 
 
+# The inputs of one row (q, k, v; 16-bit) must fit this: a row with few queries and many keys
+# keeps the batch of tokens // seqlen, which at seqlen 1 asks for terabytes of keys.
+MAX_INPUT_BYTES = 24 * 2**30
+
+
+def input_bytes(shape: Shape) -> int:
+    """Bytes of one row's q, k and v in a 16-bit dtype."""
+    queries = shape.batch * shape.seqlen * shape.heads * shape.dim
+    keys = 2 * shape.batch * shape.seqlen_k * shape.heads_kv * shape.dim
+    return 2 * (queries + keys)
+
+
+def check_input_sizes(shapes: Sequence[Shape]) -> None:
+    """A ValueError naming the first row whose inputs exceed MAX_INPUT_BYTES."""
+    for shape in shapes:
+        if input_bytes(shape) > MAX_INPUT_BYTES:
+            raise ValueError(
+                f"{shape.label()}: q, k, v take {input_bytes(shape) / 2**30:.0f} GiB (batch "
+                f"{shape.batch}, {shape.seqlen_k} keys), over {MAX_INPUT_BYTES // 2**30} GiB: "
+                "give --tokens (or the row's batch) a smaller count"
+            )
+
+
 def build_grid(
     dims: Sequence[int],
     seqlens: Sequence[int],
