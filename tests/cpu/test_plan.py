@@ -404,6 +404,21 @@ def test_backward_plans_carry_the_deterministic_switch(family, arch):
     assert "deterministic" not in dict(forward.options)  # the forward is deterministic already
 
 
+def test_hopper_deterministic_backward_tile():
+    """Deterministic d128 without causal mask or window runs 80 query rows per step (each
+    step's dQ addition waits for the previous key tile's: longer steps hide it); causal,
+    windowed and non-deterministic calls keep 64."""
+    def tile_m(**kwargs):
+        return plan_backward(problem(128, **kwargs)).tile_m
+
+    assert tile_m(deterministic=True) == 80
+    assert tile_m(deterministic=False) == 64
+    assert tile_m(deterministic=True, causal=True) == 64
+    assert tile_m(deterministic=True, window=(256, 0)) == 64
+    assert plan_backward(problem(64, deterministic=True)).tile_m == 128
+    assert plan_backward(problem(128, deterministic=True, arch="sm_80")).family == "sm80"
+
+
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_hopper_backward_family(head_dim):
     """sm90's backward takes every head dim, deterministic or not: 128 keys per CTA up to
