@@ -822,7 +822,17 @@ class FlashBackwardSm90(AttentionKernel):
 
             # 2. soft-cap, mask (only tiles that hold a hidden key), P^T from the forward's lse
             capping.apply_softcap(acc_St, tanh_scale, self.softcap)
-            needs_mask = self.tile_needs_mask(tile_past_seqlen_k, seqlen, m_block, n_block)
+            needs_mask = tile_past_seqlen_k
+            if cutlass.const_expr(self.causal):
+                # The tile's last key against its first query's diagonal.
+                needs_mask = needs_mask | (
+                    (n_block + 1) * self.tile_n - 1
+                    > m_block * self.tile_m + seqlen.seqlen_k - seqlen.seqlen_q
+                )
+            if cutlass.const_expr(self.window is not None):
+                needs_mask = needs_mask | self.block_info().hides_window_keys(
+                    seqlen, m_block, n_block
+                )
             scores = acc_as_rows_cols(acc_St)
             # Soft-capped, P^T goes to the dV GEMM from a tensor of its own and the scores
             # keep P^T (1 - t^2) for dS^T (a held tanh would cost 64 registers).
@@ -1185,23 +1195,6 @@ class FlashBackwardSm90(AttentionKernel):
                         if cutlass.const_expr(block_info.window_left is not None):
                             hidden = hidden | (key < diagonal - block_info.window_left)
                     scores[r, c] = -Float32.inf if hidden else scores[r, c]
-
-    def tile_needs_mask(self, tile_past_seqlen_k, seqlen: SeqlenInfo, m_block, n_block):
-        """Whether score tile (m_block, n_block) hides a key from one of its queries (traced
-        inline): past seqlen_k (``tile_past_seqlen_k``, computed once per CTA), causal, or a
-        window bound (``BlockInfo.needs_mask``'s test, written without its clamp and division)."""
-        needs_mask = tile_past_seqlen_k
-        if cutlass.const_expr(self.causal):
-            # The tile's last key against its first query's diagonal.
-            needs_mask = needs_mask | (
-                (n_block + 1) * self.tile_n - 1
-                > m_block * self.tile_m + seqlen.seqlen_k - seqlen.seqlen_q
-            )
-        if cutlass.const_expr(self.window is not None):
-            needs_mask = needs_mask | self.block_info().hides_window_keys(
-                seqlen, m_block, n_block
-            )
-        return needs_mask
 
     def block_info(self) -> BlockInfo:
         """The kernel's tiling and mask as a ``BlockInfo`` (plain Python: usable anywhere)."""
