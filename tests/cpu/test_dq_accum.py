@@ -26,6 +26,7 @@ def test_sm90_backward_tiles_fit_shared_memory():
         backward_dq_buffers,
         backward_dq_chunks,
         backward_dq_single_wg,
+        backward_dq_slots,
         backward_smem_bytes,
     )
 
@@ -45,6 +46,11 @@ def test_sm90_backward_tiles_fit_shared_memory():
             chunks, pad = backward_dq_chunks(head_dim, tile_m)
             assert (head_dim // chunks + pad) * 4 % 16 == 0
             assert backward_smem_bytes(head_dim, tile_m, tile_n, stages) <= capacity
+            # Deterministic: d128's 64-row tile keeps two dQ buffers per warpgroup.
+            slots = backward_dq_slots(head_dim, tile_m, deterministic=True)
+            assert slots == (2 if (head_dim, tile_m) == (128, 64) else 1)
+            assert backward_dq_slots(head_dim, tile_m, deterministic=False) == 1
+            assert backward_smem_bytes(head_dim, tile_m, tile_n, stages, slots) <= capacity
 
 
 def test_sm90_fragment_order_geometry():

@@ -48,7 +48,10 @@ Deterministic (``deterministic=True``): warp 1 adds a query tile's dQ in a fixed
 order (``kernels/common/turns.py``; causal: descending, the last key tiles dispatched first),
 waiting for each step's additions to complete. Fixed length, the CTAs come in L2 sections, the
 (batch, KV head) pairs of a section taking turns at each key tile (``turns.section_work_tile``),
-so that fewer additions queue behind each other at a query tile.
+so that fewer additions queue behind each other at a query tile. d128 on 64-row tiles: two dQ
+buffers per consumer warpgroup, used by step parity, each with its writer warp (warp 1 the even
+steps, warp 2 the odd ones: ``add_dq_two_slots``), so that consecutive steps' L2 round trips
+overlap.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
 tile_m 64 (d64: or 128; d128: or 80, dQ then computed transposed), tile_n 128 (two consumer
@@ -88,6 +91,7 @@ from cuteattn.kernels.common.tile_scheduler import (
 from cuteattn.kernels.sm90.family import (
     backward_dq_chunks,
     backward_dq_single_wg,
+    backward_dq_slots,
     backward_dq_splits_rows,
 )
 from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
@@ -98,6 +102,8 @@ KEYS_PER_WARPGROUP = 64
 NUM_CONSUMER_WGS = 2
 DS_STAGES = 2
 DQ_WRITER_WARP = 1
+# Two dQ slots (``dq_slots``): warp 1 adds the even steps' dQ (slot 0), this warp the odd ones'.
+DQ_SECOND_WRITER_WARP = 2
 
 
 class BackwardBarrier(enum.IntEnum):
@@ -107,10 +113,14 @@ class BackwardBarrier(enum.IntEnum):
     # dS^T of this step is in shared memory: split by keys, per warpgroup (128 threads); split
     # by dim or rows, or warpgroup 0 alone computing dQ (d96), DS_READY alone (256 threads).
     DS_READY = 1
-    # A warpgroup's dQ buffer: EMPTY once warp 1's bulk reductions have read it, FULL once the
-    # warpgroup has written it (128 + 32 threads).
+    # A warpgroup's dQ buffer: EMPTY once its writer warp's bulk reductions have read it
+    # (two slots: performed, and the turn passed), FULL once the warpgroup has written it
+    # (128 + 32 threads).
     DQ_EMPTY = 3
     DQ_FULL = 5
+    # The second dQ buffers' pair (``dq_slots`` 2): DQ_EMPTY and DQ_FULL + DQ_SECOND_SLOT.
+    DQ_EMPTY_SECOND = 12
+    DQ_FULL_SECOND = 14
     # Consumers (256 threads): done with K and V, then dK and dV are in their buffers (and,
     # varlen, K's and V's rows past the sequence's keys are zeroed).
     EPILOGUE = 9
@@ -118,6 +128,10 @@ class BackwardBarrier(enum.IntEnum):
     ZEROED = 10
     # The wide variant's single P / dS buffers are free again (backward_wide.py).
     PDS_FREE = 7
+
+
+DQ_SECOND_SLOT = BackwardBarrier.DQ_EMPTY_SECOND - BackwardBarrier.DQ_EMPTY
+assert DQ_SECOND_SLOT == BackwardBarrier.DQ_FULL_SECOND - BackwardBarrier.DQ_FULL
 
 
 class FlashBackwardSm90(AttentionKernel):
@@ -173,6 +187,14 @@ class FlashBackwardSm90(AttentionKernel):
         self.dq_single_wg = backward_dq_single_wg(self.head_dim, self.tile_m)
         # Warpgroups that hand dQ to warp 1 (a buffer and a DQ_EMPTY / DQ_FULL pair each).
         self.dq_wgs = 1 if self.dq_single_wg else NUM_CONSUMER_WGS
+        # Buffers (and barrier pairs) per such warpgroup, used in turn step by step (2: the
+        # deterministic d128 64-row kernel, ``backward_dq_slots``).
+        self.dq_slots = backward_dq_slots(self.head_dim, self.tile_m, deterministic)
+        # Turns pass per step, so two slots need them (and one bulk addition per warpgroup and
+        # step: not the wide kernels', which get one slot).
+        assert self.dq_slots == 1 or deterministic, "two dQ slots are the deterministic kernel's"
+        # The floats of one slot's buffers (every warpgroup's): the slot stride of sdQ.
+        self.dq_slot_elems = self.dq_wgs * self.dq_buffer_rows * self.dq_row
         # The consumers' barrier around the dK / dV tiles in shared memory.
         self.epilogue_sync = functools.partial(
             cute.arch.barrier, barrier_id=int(BackwardBarrier.EPILOGUE),
@@ -287,7 +309,14 @@ class FlashBackwardSm90(AttentionKernel):
             stride=(self.dq_row, (1, self.dq_buffer_rows * self.dq_row)),
         )
         # Wide kernels' whole padded rows: each bulk reduction reads its last row's pad too.
-        sdQ_elems = self.dq_wgs * self.dq_buffer_rows * self.dq_row
+        sdQ_elems = self.dq_slot_elems
+        if cutlass.const_expr(self.dq_slots > 1):
+            # (rows, (chunk cols, warpgroup), slot)
+            sdQ_layout = cute.make_layout(
+                (self.dq_buffer_rows, (self.dq_chunk_cols, self.dq_wgs), self.dq_slots),
+                stride=(self.dq_row, (1, self.dq_buffer_rows * self.dq_row), sdQ_elems),
+            )
+            sdQ_elems *= self.dq_slots
 
         @cute.struct
         class SharedStorage:
@@ -483,9 +512,19 @@ class FlashBackwardSm90(AttentionKernel):
                     batch, steps, seqlen, kv_tile_bytes,
                 )
             elif warp_idx == DQ_WRITER_WARP:
-                self.add_dq(
-                    mdQaccum, mSemaphore, sdQ, block_info, seqlen, n_block, batch, steps
-                )
+                if cutlass.const_expr(self.dq_slots > 1):
+                    self.add_dq_two_slots(
+                        mdQaccum, mSemaphore, sdQ, block_info, seqlen, n_block, batch, steps, 0
+                    )
+                else:
+                    self.add_dq(
+                        mdQaccum, mSemaphore, sdQ, block_info, seqlen, n_block, batch, steps
+                    )
+            if cutlass.const_expr(self.dq_slots > 1):
+                if warp_idx == DQ_SECOND_WRITER_WARP:
+                    self.add_dq_two_slots(
+                        mdQaccum, mSemaphore, sdQ, block_info, seqlen, n_block, batch, steps, 1
+                    )
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             dkv_out = dict(tdK=tdK, tdV=tdV, tma_atom_dk=tma_atom_dk, tma_atom_dv=tma_atom_dv)
@@ -707,6 +746,79 @@ class FlashBackwardSm90(AttentionKernel):
                     turns.pass_turn(counter, turn)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
+    def dq_barrier(self, base: int, wg, slot):
+        """The hardware barrier id of ``base`` (DQ_EMPTY or DQ_FULL) for warpgroup ``wg``'s
+        buffer ``slot`` (the second slots' pair sits DQ_SECOND_SLOT ids further)."""
+        if cutlass.const_expr(isinstance(slot, int) and slot == 0):
+            return base + wg
+        return base + wg + slot * DQ_SECOND_SLOT
+
+    @cute.jit
+    def add_dq_two_slots(
+        self, mdQaccum: cute.Tensor, mSemaphore: cute.Tensor, sdQ: cute.Tensor,
+        block_info: BlockInfo, seqlen: SeqlenInfo, n_block: Int32, batch: Int32, steps: dict,
+        slot: cutlass.Constexpr[int],
+    ):
+        """``add_dq`` for the deterministic kernel with two buffers per warpgroup
+        (``dq_slots``), one writer warp per buffer (``slot``: warp 1 the even steps, warp 2 the
+        odd ones): step s adds buffer s % 2 in its query tile's turn, waits until the additions
+        are performed, passes the turn and only then hands that buffer back, for step s + 2.
+        So step s + 1's additions (another query tile, another turn) are issued while step
+        s's are still on their L2 round trip, and the consumers write step s + 1's dQ into the
+        other buffer meanwhile. Each warp's bulk groups are its own."""
+        lane = cute.arch.lane_idx()
+        block = (self.dq_buffer_rows, self.dq_row)
+        block_bytes = self.dq_buffer_rows * self.dq_row * Float32.width // 8
+        handover_threads = THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE
+        num_steps = steps["group"] * steps["num_m_blocks"]
+        if num_steps > slot:
+            for wg in cutlass.range_constexpr(self.dq_wgs):
+                cute.arch.barrier_arrive(
+                    barrier_id=self.dq_barrier(BackwardBarrier.DQ_EMPTY, wg, slot),
+                    number_of_threads=handover_threads,
+                )
+        for step in cutlass.range(slot, num_steps, self.dq_slots, unroll=1):
+            head, m_block = self.step_tile(step, **steps)
+            counter = mSemaphore[batch, head, None].iterator + m_block
+            turn = turns.turn_of(block_info, seqlen, m_block, n_block)
+            if lane == 0:
+                turns.wait_for_turn(counter, turn)
+            cute.arch.sync_warp()
+            for wg in cutlass.range_constexpr(self.dq_wgs):
+                rows = seqlen.buffer_rows(
+                    mdQaccum[None, None, self.dq_chunk(wg, 0), None, None], batch, head,
+                    packed=self.varlen, rows_tile=self.tile_m,
+                )
+                row_block = m_block
+                if cutlass.const_expr(self.dq_split_rows):
+                    row_block = m_block * NUM_CONSUMER_WGS + wg
+                gdQ = cute.local_tile(rows, block, (row_block, 0))
+                cute.arch.barrier(
+                    barrier_id=self.dq_barrier(BackwardBarrier.DQ_FULL, wg, slot),
+                    number_of_threads=handover_threads,
+                )
+                with cute.arch.elect_one():
+                    prims.cp_reduce_async_bulk_global_shared_cta(
+                        gdQ.iterator, sdQ[None, (None, wg), slot].iterator, block_bytes,
+                        op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
+                    )
+                cute.arch.cp_async_bulk_commit_group()
+                if cutlass.const_expr(self.dq_blocks_shared(0) and wg == 0):
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+            # Performed (not only read) before the next key tile may add to this query tile;
+            # the writes came through the async proxy, the turn goes through the generic one.
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.fence_proxy("async.global")
+            cute.arch.sync_warp()  # the elected lane need not be lane 0
+            if lane == 0:
+                turns.pass_turn(counter, turn)
+            if step + self.dq_slots < num_steps:
+                for wg in cutlass.range_constexpr(self.dq_wgs):
+                    cute.arch.barrier_arrive(
+                        barrier_id=self.dq_barrier(BackwardBarrier.DQ_EMPTY, wg, slot),
+                        number_of_threads=handover_threads,
+                    )
+
     # ---- Consumers ----------------------------------------------------------------------------
 
     @cute.jit
@@ -775,7 +887,11 @@ class FlashBackwardSm90(AttentionKernel):
         # the only one).
         dq_values = cute.size(thr_dq.partition_shape_C(dq_tile))
         dq_buffer = 0 if self.dq_single_wg else wg_idx
-        tdQsdQ = fragment_slots(sdQ[None, (None, dq_buffer)], wg_tidx, dq_values)
+        if cutlass.const_expr(self.dq_slots > 1):
+            sdQ_own = sdQ[None, (None, dq_buffer), 0]  # the first slot's: hand_over_dq offsets
+        else:
+            sdQ_own = sdQ[None, (None, dq_buffer)]
+        tdQsdQ = fragment_slots(sdQ_own, wg_tidx, dq_values)
 
         acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
         acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kv), Float32)
@@ -822,17 +938,7 @@ class FlashBackwardSm90(AttentionKernel):
 
             # 2. soft-cap, mask (only tiles that hold a hidden key), P^T from the forward's lse
             capping.apply_softcap(acc_St, tanh_scale, self.softcap)
-            needs_mask = tile_past_seqlen_k
-            if cutlass.const_expr(self.causal):
-                # The tile's last key against its first query's diagonal.
-                needs_mask = needs_mask | (
-                    (n_block + 1) * self.tile_n - 1
-                    > m_block * self.tile_m + seqlen.seqlen_k - seqlen.seqlen_q
-                )
-            if cutlass.const_expr(self.window is not None):
-                needs_mask = needs_mask | self.block_info().hides_window_keys(
-                    seqlen, m_block, n_block
-                )
+            needs_mask = self.tile_needs_mask(tile_past_seqlen_k, seqlen, m_block, n_block)
             scores = acc_as_rows_cols(acc_St)
             # Soft-capped, P^T goes to the dV GEMM from a tensor of its own and the scores
             # keep P^T (1 - t^2) for dS^T (a held tanh would cost 64 registers).
@@ -900,6 +1006,7 @@ class FlashBackwardSm90(AttentionKernel):
             dq_step = dict(
                 tdQrK=tdQrK, tdQrdS=tdQrdS, tdKrdSt=tdKrdSt, tdKrQt=tdKrQt, tdQsdQ=tdQsdQ,
                 ds_stage=ds_stage, dq_tile=dq_tile,
+                dq_slot=step % self.dq_slots if cutlass.const_expr(self.dq_slots > 1) else 0,
             )
             if cutlass.const_expr(not self.dq_single_wg):
                 self.dq_and_dk(
@@ -937,7 +1044,7 @@ class FlashBackwardSm90(AttentionKernel):
 
     def dq_and_dk(
         self, tiled_mma_dq, tiled_mma_dkv, thr_dq, acc_dK, pipeline_do, state, wg_idx, *,
-        tdQrK, tdQrdS, tdKrdSt, tdKrQt, tdQsdQ, ds_stage, dq_tile,
+        tdQrK, tdQrdS, tdKrdSt, tdKrQt, tdQsdQ, ds_stage, dq_tile, dq_slot,
     ):
         """A step's dQ GEMM, its dK GEMM, dO's release and dQ's hand-over to warp 1; returns
         with every WGMMA of the step complete (traced inline: plain Python)."""
@@ -953,7 +1060,7 @@ class FlashBackwardSm90(AttentionKernel):
              zero_init=False, wait_groups=1)
         # dV and dQ are done: dO of this stage is free, dQ goes to warp 1's buffer.
         pipeline_do.consumer_release(state)
-        self.hand_over_dq(fragment_vectors(acc_dQ), tdQsdQ, wg_idx)
+        self.hand_over_dq(fragment_vectors(acc_dQ), tdQsdQ, wg_idx, dq_slot)
         warpgroup.wait_group(0)
 
     @cute.jit
@@ -1123,18 +1230,23 @@ class FlashBackwardSm90(AttentionKernel):
         return cute.arch.shuffle_sync(own[2 * (j // 8) + e], (j % 8) * 4 + lane % 4)
 
     @cute.jit
-    def hand_over_dq(self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, wg_idx: Int32):
-        """Write a warpgroup's dQ share to its buffer once warp 1 has handed it back, then
-        tell warp 1 it is full."""
+    def hand_over_dq(
+        self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, wg_idx: Int32, dq_slot=0
+    ):
+        """Write a warpgroup's dQ share to its buffer (``dq_slot`` of ``dq_slots``) once warp
+        1 has handed it back, then tell warp 1 it is full."""
         cute.arch.barrier(
-            barrier_id=BackwardBarrier.DQ_EMPTY + wg_idx,
+            barrier_id=self.dq_barrier(BackwardBarrier.DQ_EMPTY, wg_idx, dq_slot),
             number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
         )
+        if cutlass.const_expr(self.dq_slots > 1):
+            tdQsdQ = cute.make_tensor(tdQsdQ.iterator + dq_slot * self.dq_slot_elems,
+                                      tdQsdQ.layout)
         cute.autovec_copy(acc_dQ, tdQsdQ)
         # The bulk reductions read the buffer through the async proxy.
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(
-            barrier_id=BackwardBarrier.DQ_FULL + wg_idx,
+            barrier_id=self.dq_barrier(BackwardBarrier.DQ_FULL, wg_idx, dq_slot),
             number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
         )
 
@@ -1195,6 +1307,23 @@ class FlashBackwardSm90(AttentionKernel):
                         if cutlass.const_expr(block_info.window_left is not None):
                             hidden = hidden | (key < diagonal - block_info.window_left)
                     scores[r, c] = -Float32.inf if hidden else scores[r, c]
+
+    def tile_needs_mask(self, tile_past_seqlen_k, seqlen: SeqlenInfo, m_block, n_block):
+        """Whether score tile (m_block, n_block) hides a key from one of its queries (traced
+        inline): past seqlen_k (``tile_past_seqlen_k``, computed once per CTA), causal, or a
+        window bound (``BlockInfo.needs_mask``'s test, written without its clamp and division)."""
+        needs_mask = tile_past_seqlen_k
+        if cutlass.const_expr(self.causal):
+            # The tile's last key against its first query's diagonal.
+            needs_mask = needs_mask | (
+                (n_block + 1) * self.tile_n - 1
+                > m_block * self.tile_m + seqlen.seqlen_k - seqlen.seqlen_q
+            )
+        if cutlass.const_expr(self.window is not None):
+            needs_mask = needs_mask | self.block_info().hides_window_keys(
+                seqlen, m_block, n_block
+            )
+        return needs_mask
 
     def block_info(self) -> BlockInfo:
         """The kernel's tiling and mask as a ``BlockInfo`` (plain Python: usable anywhere)."""

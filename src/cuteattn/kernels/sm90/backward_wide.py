@@ -190,17 +190,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
 
             # 2. soft-cap, mask (only tiles that hold a hidden key), P from the forward's lse
             capping.apply_softcap(acc_S, tanh_scale, self.softcap)
-            needs_mask = tile_past_seqlen_k
-            if cutlass.const_expr(self.causal):
-                # The tile's last key against its first query's diagonal.
-                needs_mask = needs_mask | (
-                    (n_block + 1) * self.tile_n - 1
-                    > m_block * self.tile_m + seqlen.seqlen_k - seqlen.seqlen_q
-                )
-            if cutlass.const_expr(self.window is not None):
-                needs_mask = needs_mask | self.block_info().hides_window_keys(
-                    seqlen, m_block, n_block
-                )
+            needs_mask = self.tile_needs_mask(tile_past_seqlen_k, seqlen, m_block, n_block)
             if needs_mask:
                 mask = AttentionMask(
                     tile_m=self.tile_m, tile_n=self.tile_n, seqlen=seqlen, window=self.window

@@ -164,12 +164,6 @@ BACKWARD_TILES = {
     256: ((64, 64, 1), (64, 48, 2)),
 }
 BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILES)
-# Deterministic, d128 without causal mask or window: 80 query rows first. Each step's dQ
-# addition waits for the previous key tile's (an L2 round trip per step), which the 64-row
-# tile's shorter steps hide less well: measured on the H200 (docs/PERF.md "eighteenth session",
-# one process), deterministic 64 / 80 rows, s4k 544.5 / 550.8, s16k 565.2 / 590.0 TFLOP/s;
-# causal 507.6 / 501.5 and 570.4 / 574.7 (64 kept there).
-DETERMINISTIC_FIRST_TILE_M = {(128, False): 80}
 BACKWARD_THREADS = 384
 # Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV and dQ.
 WIDE_BACKWARD_SPLIT_DIM = {192: False, 256: True}
@@ -231,7 +225,23 @@ def backward_dq_fragment_order(head_dim: int) -> bool:
     return head_dim not in WIDE_BACKWARD_SPLIT_DIM
 
 
-def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) -> int:
+def backward_dq_slots(head_dim: int, tile_m: int, deterministic: bool) -> int:
+    """dQ buffers per warpgroup that hands dQ over. Deterministic d128 on 64-row tiles: two,
+    used in turn and each added by its own writer warp, so that a consumer writes a step's dQ
+    while the previous step's additions are still on the L2 round trip that must end before
+    their turn passes (which the 64-row tile's short steps do not hide alone). Measured on the
+    H200 (docs/PERF.md "nineteenth session", a process per variant), TFLOP/s of deterministic
+    64-row tiles with one buffer, two buffers and one writer, two buffers and two writers (the
+    80-row tile in the last process): s4k dense 532 / 536 / 546 (535), causal 496 / 498 / 522
+    (469); s16k dense 563 / 569 / 575 (575), causal 553 / 556 / 575 (553): so every
+    deterministic d128 call runs 64 rows, like the others. It fits: 198,656 + 32,768 bytes of
+    the H200's 232,448."""
+    return 2 if deterministic and head_dim == 128 and tile_m == 64 else 1
+
+
+def backward_smem_bytes(
+    head_dim: int, tile_m: int, tile_n: int, stages: int, dq_slots: int = 1
+) -> int:
     """The backward kernel's shared storage, laid out as its SharedStorage is: the barriers (in
     the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), two stages
     of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
@@ -247,8 +257,10 @@ def backward_smem_bytes(head_dim: int, tile_m: int, tile_n: int, stages: int) ->
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # Q
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # dO
         2 * tile_n * tile_m * tiling.ELEM_BYTES,  # P / dS
-        # dQ: a buffer per warpgroup that hands dQ over, each its half of the rows or all.
-        backward_dq_buffers(head_dim, tile_m) * buffer_rows * (head_dim // chunks + row_pad) * 4,
+        # dQ: a buffer per warpgroup that hands dQ over (deterministic d128: two), each its
+        # half of the rows or all.
+        dq_slots * backward_dq_buffers(head_dim, tile_m) * buffer_rows
+        * (head_dim // chunks + row_pad) * 4,
     )
     def align(nbytes: int) -> int:
         return -(-nbytes // SMEM_ALIGN) * SMEM_ALIGN
@@ -358,10 +370,6 @@ class Sm90Family(KernelFamily):
         if head_dim != problem.head_dim:
             # Padded as in the forward: TMA fills and clips the missing columns.
             options = tuple(sorted(options + (("dim", problem.head_dim),)))
-        tiles = BACKWARD_TILES[head_dim]
-        first_tile_m = DETERMINISTIC_FIRST_TILE_M.get((head_dim, problem.causal))
-        if problem.deterministic and problem.window is None and first_tile_m is not None:
-            tiles = sorted(tiles, key=lambda tile: tile[0] != first_tile_m)
         return tuple(
             KernelPlan(
                 family=self.name, arch=problem.arch.name, dtype=problem.dtype,
@@ -369,7 +377,7 @@ class Sm90Family(KernelFamily):
                 tile_m=tile_m, tile_n=tile_n, num_threads=BACKWARD_THREADS,
                 num_stages=stages, options=options, kind="backward",
             )
-            for tile_m, tile_n, stages in tiles
+            for tile_m, tile_n, stages in BACKWARD_TILES[head_dim]
         )
 
     def representative_problems(
@@ -400,7 +408,10 @@ class Sm90Family(KernelFamily):
                 and plan.num_threads == BACKWARD_THREADS
                 and (plan.tile_m, plan.tile_n, plan.num_stages) in BACKWARD_TILES[plan.head_dim]
                 and backward_smem_bytes(
-                    plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages
+                    plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
+                    backward_dq_slots(
+                        plan.head_dim, plan.tile_m, plan.option("deterministic", False)
+                    ),
                 ) <= arch.smem_per_block
             )
         names = tuple(name for name, _ in family_options(plan))
