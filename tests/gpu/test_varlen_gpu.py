@@ -163,6 +163,15 @@ def test_varlen_backward(family, head_dim, dtype, heads, causal, window, determi
         assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
+@pytest.mark.parametrize("window", (None, (256, 0)), ids=str)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varlen_deterministic_backward_d96(family, causal, window):
+    """d96's own dQ path (warpgroup 0 alone computes dQ; sm90 deterministic: two dQ buffers,
+    a writer warp each) on packed sequences, GQA 8/2."""
+    test_varlen_backward(family, 96, torch.bfloat16, (8, 2), causal, window, True)
+
+
 def test_varlen_backward_with_seqused_k_and_a_sink():
     import cuteattn
     from cuteattn.testing import assert_grads_close

@@ -48,8 +48,9 @@ Deterministic (``deterministic=True``): warp 1 adds a query tile's dQ in a fixed
 order (``kernels/common/turns.py``; causal: descending, the last key tiles dispatched first),
 waiting for each step's additions to complete. Fixed length, the CTAs come in L2 sections, the
 (batch, KV head) pairs of a section taking turns at each key tile (``turns.section_work_tile``),
-so that fewer additions queue behind each other at a query tile. d128 on 64-row tiles: two dQ
-buffers per consumer warpgroup, used by step parity, each with its writer warp (warp 1 the even
+so that fewer additions queue behind each other at a query tile. Where they fit (all but d128's
+80-row tile, ``family.backward_dq_slots``): two dQ buffers per consumer warpgroup, used by step
+parity, each with its writer warp (warp 1 the even
 steps, warp 2 the odd ones: ``add_dq_two_slots``), so that consecutive steps' L2 round trips
 overlap.
 
@@ -188,7 +189,7 @@ class FlashBackwardSm90(AttentionKernel):
         # Warpgroups that hand dQ to warp 1 (a buffer and a DQ_EMPTY / DQ_FULL pair each).
         self.dq_wgs = 1 if self.dq_single_wg else NUM_CONSUMER_WGS
         # Buffers (and barrier pairs) per such warpgroup, used in turn step by step (2: the
-        # deterministic d128 64-row kernel, ``backward_dq_slots``).
+        # deterministic kernels up to d128 but the 80-row one, ``backward_dq_slots``).
         self.dq_slots = backward_dq_slots(self.head_dim, self.tile_m, deterministic)
         # Turns pass per step, so two slots need them (and one bulk addition per warpgroup and
         # step: not the wide kernels', which get one slot).

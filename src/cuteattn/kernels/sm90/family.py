@@ -167,6 +167,7 @@ BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILES)
 BACKWARD_THREADS = 384
 # Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV and dQ.
 WIDE_BACKWARD_SPLIT_DIM = {192: False, 256: True}
+HOPPER_SMEM_PER_BLOCK = arch_from_name("sm_90a").smem_per_block
 SMEM_ALIGN = 1024  # the backward's shared buffers start on 1024-byte boundaries (swizzles)
 # Head dims up to 128 add dQ in the fragment order of the dQ GEMM's accumulator
 # (FlashAttention-4's way): each consumer warpgroup's share of a query tile is one flat block,
@@ -226,17 +227,24 @@ def backward_dq_fragment_order(head_dim: int) -> bool:
 
 
 def backward_dq_slots(head_dim: int, tile_m: int, deterministic: bool) -> int:
-    """dQ buffers per warpgroup that hands dQ over. Deterministic d128 on 64-row tiles: two,
-    used in turn and each added by its own writer warp, so that a consumer writes a step's dQ
-    while the previous step's additions are still on the L2 round trip that must end before
-    their turn passes (which the 64-row tile's short steps do not hide alone). Measured on the
-    H200 (docs/PERF.md "nineteenth session", a process per variant), TFLOP/s of deterministic
-    64-row tiles with one buffer, two buffers and one writer, two buffers and two writers (the
-    80-row tile in the last process): s4k dense 532 / 536 / 546 (535), causal 496 / 498 / 522
-    (469); s16k dense 563 / 569 / 575 (575), causal 553 / 556 / 575 (553): so every
-    deterministic d128 call runs 64 rows, like the others. It fits: 198,656 + 32,768 bytes of
-    the H200's 232,448."""
-    return 2 if deterministic and head_dim == 128 and tile_m == 64 else 1
+    """dQ buffers per warpgroup that hands dQ over. Deterministic kernels up to d128 (dQ in
+    fragment order): two where they fit Hopper's shared memory (all but d128's 80-row tile;
+    d64's 128-row tile exactly), used in turn and each added by its own writer warp, so that
+    a consumer writes a step's dQ while the previous step's additions are still on the L2
+    round trip that must end before their turn passes (which short steps do not hide alone).
+    Measured on the H200 at d128 (docs/PERF.md "nineteenth session", a process per variant),
+    TFLOP/s of deterministic 64-row tiles with one buffer, two buffers and one writer, two
+    buffers and two writers (the 80-row tile in the last process): s4k dense 532 / 536 / 546
+    (535), causal 496 / 498 / 522 (469); s16k dense 563 / 569 / 575 (575), causal 553 / 556 /
+    575 (553): so every deterministic d128 call runs 64 rows, like the others. d96, one / two
+    buffers: s1k dense 383 / 417, causal 302 / 314; s4k 471 / 514, 458 / 479; s16k 495 / 528,
+    504 / 526 (the non-deterministic kernel: 432-553). d64's 128-row tile: the same within
+    noise (s4k dense 490 / 492), kept for one rule."""
+    if not deterministic or not backward_dq_fragment_order(head_dim):
+        return 1
+    tile_n, stages = next((n, s) for m, n, s in BACKWARD_TILES[head_dim] if m == tile_m)
+    two_fit = backward_smem_bytes(head_dim, tile_m, tile_n, stages, 2) <= HOPPER_SMEM_PER_BLOCK
+    return 2 if two_fit else 1
 
 
 def backward_smem_bytes(
