@@ -678,6 +678,36 @@ class FlashBackwardSm90(AttentionKernel):
     # ---- dQ writer: bulk reductions from shared memory ----------------------------------------
 
     @cute.jit
+    def add_dq_block(
+        self, mdQaccum: cute.Tensor, sdQ_block: cute.Tensor, seqlen: SeqlenInfo, batch: Int32,
+        head: Int32, m_block: Int32, wg: cutlass.Constexpr[int], chunk: cutlass.Constexpr[int],
+        full_barrier: cutlass.Constexpr[int],
+    ):
+        """Once warpgroup ``wg`` has filled ``sdQ_block`` (``full_barrier``), add it to its
+        block of dq_accum (query tile ``m_block``, columns ``chunk``) by one bulk reduction,
+        committed as a bulk group of its own."""
+        rows = seqlen.buffer_rows(
+            mdQaccum[None, None, chunk, None, None], batch, head,
+            packed=self.varlen, rows_tile=self.tile_m,
+        )
+        # Split by rows, warpgroup wg's block is the tile's wg-th half.
+        row_block = m_block
+        if cutlass.const_expr(self.dq_split_rows):
+            row_block = m_block * NUM_CONSUMER_WGS + wg
+        gdQ = cute.local_tile(rows, (self.dq_buffer_rows, self.dq_row), (row_block, 0))
+        cute.arch.barrier(
+            barrier_id=full_barrier,
+            number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
+        )
+        with cute.arch.elect_one():
+            prims.cp_reduce_async_bulk_global_shared_cta(
+                gdQ.iterator, sdQ_block.iterator,
+                self.dq_buffer_rows * self.dq_row * Float32.width // 8,
+                op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
+            )
+        cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
     def add_dq(
         self, mdQaccum: cute.Tensor, mSemaphore: cute.Tensor | None, sdQ: cute.Tensor,
         block_info: BlockInfo, seqlen: SeqlenInfo, n_block: Int32, batch: Int32, steps: dict,
@@ -691,8 +721,6 @@ class FlashBackwardSm90(AttentionKernel):
         completes before the second is issued.
         """
         lane = cute.arch.lane_idx()
-        block = (self.dq_buffer_rows, self.dq_row)
-        block_bytes = self.dq_buffer_rows * self.dq_row * Float32.width // 8
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
             for dq_pass in cutlass.range_constexpr(self.dq_passes):
@@ -712,26 +740,10 @@ class FlashBackwardSm90(AttentionKernel):
                         turns.wait_for_turn(counter, turn)
                     cute.arch.sync_warp()
                 for wg in cutlass.range_constexpr(self.dq_wgs):
-                    chunk = self.dq_chunk(wg, dq_pass)
-                    rows = seqlen.buffer_rows(
-                        mdQaccum[None, None, chunk, None, None], batch, head,
-                        packed=self.varlen, rows_tile=self.tile_m,
+                    self.add_dq_block(
+                        mdQaccum, sdQ[None, (None, wg)], seqlen, batch, head, m_block, wg,
+                        self.dq_chunk(wg, dq_pass), BackwardBarrier.DQ_FULL + wg,
                     )
-                    # Split by rows, warpgroup wg's block is the tile's wg-th half.
-                    row_block = m_block
-                    if cutlass.const_expr(self.dq_split_rows):
-                        row_block = m_block * NUM_CONSUMER_WGS + wg
-                    gdQ = cute.local_tile(rows, block, (row_block, 0))
-                    cute.arch.barrier(
-                        barrier_id=BackwardBarrier.DQ_FULL + wg,
-                        number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
-                    )
-                    with cute.arch.elect_one():
-                        prims.cp_reduce_async_bulk_global_shared_cta(
-                            gdQ.iterator, sdQ[None, (None, wg)].iterator, block_bytes,
-                            op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
-                        )
-                    cute.arch.cp_async_bulk_commit_group()
                     shared_block = self.dq_blocks_shared(dq_pass)
                     if cutlass.const_expr(self.deterministic and shared_block and wg == 0):
                         # Both warpgroups add to this block: a fixed order of the additions.
@@ -768,8 +780,6 @@ class FlashBackwardSm90(AttentionKernel):
         s's are still on their L2 round trip, and the consumers write step s + 1's dQ into the
         other buffer meanwhile. Each warp's bulk groups are its own."""
         lane = cute.arch.lane_idx()
-        block = (self.dq_buffer_rows, self.dq_row)
-        block_bytes = self.dq_buffer_rows * self.dq_row * Float32.width // 8
         handover_threads = THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE
         num_steps = steps["group"] * steps["num_m_blocks"]
         if num_steps > slot:
@@ -786,24 +796,10 @@ class FlashBackwardSm90(AttentionKernel):
                 turns.wait_for_turn(counter, turn)
             cute.arch.sync_warp()
             for wg in cutlass.range_constexpr(self.dq_wgs):
-                rows = seqlen.buffer_rows(
-                    mdQaccum[None, None, self.dq_chunk(wg, 0), None, None], batch, head,
-                    packed=self.varlen, rows_tile=self.tile_m,
+                self.add_dq_block(
+                    mdQaccum, sdQ[None, (None, wg), slot], seqlen, batch, head, m_block, wg,
+                    self.dq_chunk(wg, 0), self.dq_barrier(BackwardBarrier.DQ_FULL, wg, slot),
                 )
-                row_block = m_block
-                if cutlass.const_expr(self.dq_split_rows):
-                    row_block = m_block * NUM_CONSUMER_WGS + wg
-                gdQ = cute.local_tile(rows, block, (row_block, 0))
-                cute.arch.barrier(
-                    barrier_id=self.dq_barrier(BackwardBarrier.DQ_FULL, wg, slot),
-                    number_of_threads=handover_threads,
-                )
-                with cute.arch.elect_one():
-                    prims.cp_reduce_async_bulk_global_shared_cta(
-                        gdQ.iterator, sdQ[None, (None, wg), slot].iterator, block_bytes,
-                        op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
-                    )
-                cute.arch.cp_async_bulk_commit_group()
                 if cutlass.const_expr(self.dq_blocks_shared(0) and wg == 0):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
             # Performed (not only read) before the next key tile may add to this query tile;
