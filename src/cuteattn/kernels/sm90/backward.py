@@ -734,11 +734,9 @@ class FlashBackwardSm90(AttentionKernel):
                     )
                 if cutlass.const_expr(self.deterministic and dq_pass == 0):
                     # The consumers fill their buffers meanwhile.
-                    counter = mSemaphore[batch, head, None].iterator + m_block
-                    turn = turns.turn_of(block_info, seqlen, m_block, n_block)
-                    if lane == 0:
-                        turns.wait_for_turn(counter, turn)
-                    cute.arch.sync_warp()
+                    counter, turn = self.take_dq_turn(
+                        mSemaphore, block_info, seqlen, batch, head, m_block, n_block, lane
+                    )
                 for wg in cutlass.range_constexpr(self.dq_wgs):
                     self.add_dq_block(
                         mdQaccum, sdQ[None, (None, wg)], seqlen, batch, head, m_block, wg,
@@ -749,15 +747,34 @@ class FlashBackwardSm90(AttentionKernel):
                         # Both warpgroups add to this block: a fixed order of the additions.
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
             if cutlass.const_expr(self.deterministic):
-                # The additions are performed (not only their reads) before the next key tile
-                # may start its own; their writes came through the async proxy.
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                cute.arch.fence_proxy("async.global")
-                # The elected lane that issued them need not be lane 0.
-                cute.arch.sync_warp()
-                if lane == 0:
-                    turns.pass_turn(counter, turn)
+                self.pass_dq_turn(counter, turn, lane)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def take_dq_turn(
+        self, mSemaphore: cute.Tensor, block_info: BlockInfo, seqlen: SeqlenInfo, batch: Int32,
+        head: Int32, m_block: Int32, n_block: Int32, lane: Int32,
+    ):
+        """Deterministic, the writer warp: wait until it is key tile ``n_block``'s turn to add
+        to query tile (``head``, ``m_block``); the (counter, turn) that ``pass_dq_turn``
+        takes."""
+        counter = mSemaphore[batch, head, None].iterator + m_block
+        turn = turns.turn_of(block_info, seqlen, m_block, n_block)
+        if lane == 0:
+            turns.wait_for_turn(counter, turn)
+        cute.arch.sync_warp()
+        return counter, turn
+
+    @cute.jit
+    def pass_dq_turn(self, counter: cute.Pointer, turn: Int32, lane: Int32):
+        """Deterministic, the writer warp after its additions to a query tile: they are
+        performed (not only read) before the next key tile may add its own; their writes came
+        through the async proxy, the turn goes through the generic one."""
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+        cute.arch.fence_proxy("async.global")
+        cute.arch.sync_warp()  # the elected lane that issued them need not be lane 0
+        if lane == 0:
+            turns.pass_turn(counter, turn)
 
     def dq_barrier(self, base: int, wg, slot):
         """The hardware barrier id of ``base`` (DQ_EMPTY or DQ_FULL) for warpgroup ``wg``'s
@@ -790,11 +807,9 @@ class FlashBackwardSm90(AttentionKernel):
                 )
         for step in cutlass.range(slot, num_steps, self.dq_slots, unroll=1):
             head, m_block = self.step_tile(step, **steps)
-            counter = mSemaphore[batch, head, None].iterator + m_block
-            turn = turns.turn_of(block_info, seqlen, m_block, n_block)
-            if lane == 0:
-                turns.wait_for_turn(counter, turn)
-            cute.arch.sync_warp()
+            counter, turn = self.take_dq_turn(
+                mSemaphore, block_info, seqlen, batch, head, m_block, n_block, lane
+            )
             for wg in cutlass.range_constexpr(self.dq_wgs):
                 self.add_dq_block(
                     mdQaccum, sdQ[None, (None, wg), slot], seqlen, batch, head, m_block, wg,
@@ -802,13 +817,7 @@ class FlashBackwardSm90(AttentionKernel):
                 )
                 if cutlass.const_expr(self.dq_blocks_shared(0) and wg == 0):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
-            # Performed (not only read) before the next key tile may add to this query tile;
-            # the writes came through the async proxy, the turn goes through the generic one.
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
-            cute.arch.fence_proxy("async.global")
-            cute.arch.sync_warp()  # the elected lane need not be lane 0
-            if lane == 0:
-                turns.pass_turn(counter, turn)
+            self.pass_dq_turn(counter, turn, lane)
             if step + self.dq_slots < num_steps:
                 for wg in cutlass.range_constexpr(self.dq_wgs):
                     cute.arch.barrier_arrive(
