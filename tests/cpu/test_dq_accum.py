@@ -47,9 +47,9 @@ def test_sm90_backward_tiles_fit_shared_memory():
             assert (head_dim // chunks + pad) * 4 % 16 == 0
             assert backward_smem_bytes(head_dim, tile_m, tile_n, stages) <= capacity
             # Deterministic up to d128: two dQ buffers per warpgroup where they fit.
-            slots = backward_dq_slots(head_dim, tile_m, deterministic=True)
+            slots = backward_dq_slots(head_dim, tile_m, tile_n, stages, deterministic=True)
             assert slots == (1 if head_dim > 128 or (head_dim, tile_m) == (128, 80) else 2)
-            assert backward_dq_slots(head_dim, tile_m, deterministic=False) == 1
+            assert backward_dq_slots(head_dim, tile_m, tile_n, stages, deterministic=False) == 1
             assert backward_smem_bytes(head_dim, tile_m, tile_n, stages, slots) <= capacity
 
 

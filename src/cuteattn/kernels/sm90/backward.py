@@ -9,10 +9,11 @@ One CTA owns one key tile (tile_n = 128 keys) of one KV head and visits every qu
 every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgroups:
   - warpgroup 0, the producer: warp 0 TMA-loads K and V once, then Q and dO of each
     (query head, m_block) step into two-stage rings (mbarrier pipelines), the step's lse with
-    Q and its dpsum with dO (1-D bulk copies on the same barriers); warp 1 adds each
-    step's dQ from shared memory to dq_accum with one bulk reduction (cp.reduce.async.bulk) per
-    warpgroup share (d96: one, warpgroup 0's): L2 takes whole lines instead of one fp32 atomic
-    per element, and the consumers only wait for the buffer, never for global memory.
+    Q and its dpsum with dO (1-D bulk copies on the same barriers); warp 1 (deterministic,
+    where two dQ buffers fit: warps 1 and 2, steps in turn) adds each step's dQ from shared
+    memory to dq_accum with one bulk reduction (cp.reduce.async.bulk) per warpgroup share
+    (d96: one, warpgroup 0's): L2 takes whole lines instead of one fp32 atomic per element,
+    and the consumers only wait for the buffer, never for global memory.
     dq_accum is laid out for it: (batch, heads, chunks, rows, chunk dim), a chunk per
     warpgroup share of the columns, so
     that each share of a query tile is one contiguous block (family.py ``dq_accum_chunks``),
@@ -31,7 +32,7 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
          MN-major from shared memory;
       4. dS^T to shared memory (stmatrix, two buffers so the next step never waits for this
          one's readers); dQ = dS K (A = dS, B = K^T, both MN-major from shared memory) to the
-         dQ buffer for warp 1, in fragment order. d64 / d128: the two warpgroups split dQ's
+         dQ buffer for the writer warp, in fragment order. d64 / d128: the two warpgroups split dQ's
          columns (32 / 64 each, one swizzle atom of K: ``k_smem_layout``), meeting on a
          256-thread barrier, one
          add per element; d64's 128-row query tiles split the rows instead (each warpgroup
@@ -183,17 +184,21 @@ class FlashBackwardSm90(AttentionKernel):
         self.dq_buffer_rows = self.tile_m // NUM_CONSUMER_WGS if self.dq_split_rows else self.tile_m
         self.dq_passes = 1  # dQ GEMMs (and buffer hand-overs) per warpgroup and step
         # d96 (split neither by rows nor by columns): warpgroup 0 alone computes dQ over all
-        # the tile's keys (FlashAttention-4's dQ_single_wg), one buffer and one bulk addition
-        # per step; warpgroup 1 skips the dQ GEMM and the hand-over.
+        # the tile's keys (FlashAttention-4's dQ_single_wg), one buffer (per slot) and one bulk
+        # addition per step; warpgroup 1 skips the dQ GEMM and the hand-over.
         self.dq_single_wg = backward_dq_single_wg(self.head_dim, self.tile_m)
-        # Warpgroups that hand dQ to warp 1 (a buffer and a DQ_EMPTY / DQ_FULL pair each).
+        # Warpgroups that hand dQ to the writer warp(s) (a buffer and a DQ_EMPTY / DQ_FULL pair
+        # each, per slot).
         self.dq_wgs = 1 if self.dq_single_wg else NUM_CONSUMER_WGS
         # Buffers (and barrier pairs) per such warpgroup, used in turn step by step (2: the
         # deterministic kernels up to d128 but the 80-row one, ``backward_dq_slots``).
-        self.dq_slots = backward_dq_slots(self.head_dim, self.tile_m, deterministic)
-        # Turns pass per step, so two slots need them (and one bulk addition per warpgroup and
-        # step: not the wide kernels', which get one slot).
+        self.dq_slots = backward_dq_slots(
+            self.head_dim, self.tile_m, self.tile_n, self.num_stages, deterministic
+        )
+        # Turns pass per step, so two slots need them, and one bulk addition per warpgroup and
+        # step (``add_dq_two_slots`` adds pass 0 only; the wide kernels get one slot).
         assert self.dq_slots == 1 or deterministic, "two dQ slots are the deterministic kernel's"
+        assert self.dq_slots == 1 or self.dq_passes == 1, "two dQ slots take one dQ pass"
         # The floats of one slot's buffers (every warpgroup's): the slot stride of sdQ.
         self.dq_slot_elems = self.dq_wgs * self.dq_buffer_rows * self.dq_row
         # The consumers' barrier around the dK / dV tiles in shared memory.
@@ -1052,8 +1057,8 @@ class FlashBackwardSm90(AttentionKernel):
         self, tiled_mma_dq, tiled_mma_dkv, thr_dq, acc_dK, pipeline_do, state, wg_idx, *,
         tdQrK, tdQrdS, tdKrdSt, tdKrQt, tdQsdQ, ds_stage, dq_tile, dq_slot,
     ):
-        """A step's dQ GEMM, its dK GEMM, dO's release and dQ's hand-over to warp 1; returns
-        with every WGMMA of the step complete (traced inline: plain Python)."""
+        """A step's dQ GEMM, its dK GEMM, dO's release and dQ's hand-over to its writer warp;
+        returns with every WGMMA of the step complete (traced inline: plain Python)."""
         acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(dq_tile), Float32)
         if cutlass.const_expr(self.dq_transposed):
             gemm(tiled_mma_dq, acc_dQ, tdQrK, tdQrdS[None, None, None, ds_stage],
@@ -1064,7 +1069,7 @@ class FlashBackwardSm90(AttentionKernel):
         # 3'. dK += dS^T Q (register A operand), in flight while dQ goes out.
         gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
              zero_init=False, wait_groups=1)
-        # dV and dQ are done: dO of this stage is free, dQ goes to warp 1's buffer.
+        # dV and dQ are done: dO of this stage is free, dQ goes to its writer warp's buffer.
         pipeline_do.consumer_release(state)
         self.hand_over_dq(fragment_vectors(acc_dQ), tdQsdQ, wg_idx, dq_slot)
         warpgroup.wait_group(0)
@@ -1239,8 +1244,8 @@ class FlashBackwardSm90(AttentionKernel):
     def hand_over_dq(
         self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, wg_idx: Int32, dq_slot=0
     ):
-        """Write a warpgroup's dQ share to its buffer (``dq_slot`` of ``dq_slots``) once warp
-        1 has handed it back, then tell warp 1 it is full."""
+        """Write a warpgroup's dQ share to its buffer (``dq_slot`` of ``dq_slots``) once the
+        slot's writer warp has handed it back, then tell that warp it is full."""
         cute.arch.barrier(
             barrier_id=self.dq_barrier(BackwardBarrier.DQ_EMPTY, wg_idx, dq_slot),
             number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,

@@ -206,7 +206,8 @@ def backward_dq_single_wg(head_dim: int, tile_m: int) -> bool:
     """Whether consumer warpgroup 0 alone computes dQ (FlashAttention-4's ``dQ_single_wg``,
     its d96 choice): where dQ can be split neither by rows nor by columns (d96: half the dim
     is no whole swizzle row of K), one m64 x n(dim) x k(all keys) GEMM reading both
-    warpgroups' dS^T, one buffer and one bulk addition per step, instead of each warpgroup
+    warpgroups' dS^T, one buffer (per slot, ``backward_dq_slots``) and one bulk addition per
+    step, instead of each warpgroup
     adding its own keys' share of the whole tile (twice the reduction traffic); warpgroup 1
     skips the dQ GEMM and the hand-over."""
     if head_dim in WIDE_BACKWARD_SPLIT_DIM or backward_dq_splits_rows(head_dim, tile_m):
@@ -215,8 +216,8 @@ def backward_dq_single_wg(head_dim: int, tile_m: int) -> bool:
 
 
 def backward_dq_buffers(head_dim: int, tile_m: int) -> int:
-    """dQ buffers in the backward's shared memory (one per warpgroup that hands dQ to the
-    writer warp): one where warpgroup 0 alone computes dQ, else two."""
+    """Warpgroups that hand dQ over, each with its buffer (``backward_dq_slots`` of them) in
+    the backward's shared memory: one where warpgroup 0 alone computes dQ, else two."""
     return 1 if backward_dq_single_wg(head_dim, tile_m) else 2
 
 
@@ -226,7 +227,9 @@ def backward_dq_fragment_order(head_dim: int) -> bool:
     return head_dim not in WIDE_BACKWARD_SPLIT_DIM
 
 
-def backward_dq_slots(head_dim: int, tile_m: int, deterministic: bool) -> int:
+def backward_dq_slots(
+    head_dim: int, tile_m: int, tile_n: int, stages: int, deterministic: bool
+) -> int:
     """dQ buffers per warpgroup that hands dQ over. Deterministic kernels up to d128 (dQ in
     fragment order): two where they fit Hopper's shared memory (all but d128's 80-row tile;
     d64's 128-row tile exactly), used in turn and each added by its own writer warp, so that
@@ -242,7 +245,6 @@ def backward_dq_slots(head_dim: int, tile_m: int, deterministic: bool) -> int:
     noise (s4k dense 490 / 492), kept for one rule."""
     if not deterministic or not backward_dq_fragment_order(head_dim):
         return 1
-    tile_n, stages = next((n, s) for m, n, s in BACKWARD_TILES[head_dim] if m == tile_m)
     two_fit = backward_smem_bytes(head_dim, tile_m, tile_n, stages, 2) <= HOPPER_SMEM_PER_BLOCK
     return 2 if two_fit else 1
 
@@ -253,8 +255,8 @@ def backward_smem_bytes(
     """The backward kernel's shared storage, laid out as its SharedStorage is: the barriers (in
     the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), two stages
     of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
-    fp32 dQ buffer per consumer warpgroup that hands dQ over (``backward_dq_buffers``) for the
-    bulk reductions; then lse and dpsum
+    fp32 dQ buffer per consumer warpgroup that hands dQ over (``backward_dq_buffers``) and slot
+    (``dq_slots``) for the bulk reductions; then lse and dpsum
     per stage (checked against the compiled kernels' launch sizes: equal for every offered
     tile)."""
     chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
@@ -265,8 +267,8 @@ def backward_smem_bytes(
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # Q
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # dO
         2 * tile_n * tile_m * tiling.ELEM_BYTES,  # P / dS
-        # dQ: a buffer per warpgroup that hands dQ over (deterministic d128: two), each its
-        # half of the rows or all.
+        # dQ: a buffer per warpgroup that hands dQ over and slot, each its half of the rows
+        # or all.
         dq_slots * backward_dq_buffers(head_dim, tile_m) * buffer_rows
         * (head_dim // chunks + row_pad) * 4,
     )
@@ -418,7 +420,8 @@ class Sm90Family(KernelFamily):
                 and backward_smem_bytes(
                     plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
                     backward_dq_slots(
-                        plan.head_dim, plan.tile_m, plan.option("deterministic", False)
+                        plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
+                        plan.option("deterministic", False),
                     ),
                 ) <= arch.smem_per_block
             )
