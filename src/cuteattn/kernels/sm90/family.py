@@ -207,9 +207,8 @@ def backward_dq_single_wg(head_dim: int, tile_m: int) -> bool:
     its d96 choice): where dQ can be split neither by rows nor by columns (d96: half the dim
     is no whole swizzle row of K), one m64 x n(dim) x k(all keys) GEMM reading both
     warpgroups' dS^T, one buffer (per slot, ``backward_dq_slots``) and one bulk addition per
-    step, instead of each warpgroup
-    adding its own keys' share of the whole tile (twice the reduction traffic); warpgroup 1
-    skips the dQ GEMM and the hand-over."""
+    step, instead of each warpgroup adding its own keys' share of the whole tile (twice the
+    reduction traffic); warpgroup 1 skips the dQ GEMM and the hand-over."""
     if head_dim in WIDE_BACKWARD_SPLIT_DIM or backward_dq_splits_rows(head_dim, tile_m):
         return False
     return backward_dq_chunks(head_dim, tile_m)[0] == 1
