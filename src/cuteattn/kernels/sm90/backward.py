@@ -95,7 +95,6 @@ from cuteattn.kernels.sm90.family import (
     backward_dq_single_wg,
     backward_dq_slots,
     backward_dq_splits_rows,
-    backward_smem_bytes,
 )
 from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
 from cuteattn.kernels.sm90.smem import permuted, smem_layout, tma_tile, zero_rows_from
@@ -343,15 +342,6 @@ class FlashBackwardSm90(AttentionKernel):
             sDpsum: cute.struct.Align[
                 cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16
             ]
-
-        # The planner sizes plans by the family's model of this struct (``can_implement``).
-        smem_model = backward_smem_bytes(
-            self.head_dim, self.tile_m, self.tile_n, self.num_stages, self.dq_slots,
-            self.head_dim_v,
-        )
-        assert SharedStorage.size_in_bytes() == smem_model, (
-            f"SharedStorage {SharedStorage.size_in_bytes()} bytes, family model {smem_model}"
-        )
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         q_stage_layout = cute.select(sQ_layout, mode=[0, 1])

@@ -249,24 +249,22 @@ def backward_dq_slots(
 
 
 def backward_smem_bytes(
-    head_dim: int, tile_m: int, tile_n: int, stages: int, dq_slots: int = 1,
-    head_dim_v: int | None = None,
+    head_dim: int, tile_m: int, tile_n: int, stages: int, dq_slots: int = 1
 ) -> int:
     """The backward kernel's shared storage, laid out as its SharedStorage is: the barriers (in
     the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), two stages
     of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
     fp32 dQ buffer per consumer warpgroup that hands dQ over (``backward_dq_buffers``) and slot
-    (``dq_slots``) for the bulk reductions; then lse and dpsum per stage. V and dO have
-    ``head_dim_v`` columns (default head_dim). The kernel asserts its struct's size equals
-    this at compile time."""
-    head_dim_v = head_dim_v or head_dim
+    (``dq_slots``) for the bulk reductions; then lse and dpsum
+    per stage (checked against the compiled kernels' launch sizes: equal for every offered
+    tile)."""
     chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
     buffer_rows = tile_m // 2 if backward_dq_splits_rows(head_dim, tile_m) else tile_m
     buffers = (
         tile_n * head_dim * tiling.ELEM_BYTES,  # K
-        tile_n * head_dim_v * tiling.ELEM_BYTES,  # V
+        tile_n * head_dim * tiling.ELEM_BYTES,  # V
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # Q
-        stages * tile_m * head_dim_v * tiling.ELEM_BYTES,  # dO
+        stages * tile_m * head_dim * tiling.ELEM_BYTES,  # dO
         2 * tile_n * tile_m * tiling.ELEM_BYTES,  # P / dS
         # dQ: a buffer per warpgroup that hands dQ over and slot, each its half of the rows
         # or all.
@@ -424,7 +422,6 @@ class Sm90Family(KernelFamily):
                         plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
                         plan.option("deterministic", False),
                     ),
-                    plan.option("dim_v"),
                 ) <= arch.smem_per_block
             )
         names = tuple(name for name, _ in family_options(plan))
