@@ -32,9 +32,9 @@ every query head of the group (GQA / MQA without atomics on dK, dV). Its warpgro
          MN-major from shared memory;
       4. dS^T to shared memory (stmatrix, two buffers so the next step never waits for this
          one's readers); dQ = dS K (A = dS, B = K^T, both MN-major from shared memory) to the
-         dQ buffer for the writer warp, in fragment order. d64 / d128: the two warpgroups split dQ's
-         columns (32 / 64 each, one swizzle atom of K: ``k_smem_layout``), meeting on a
-         256-thread barrier, one
+         dQ buffer for the writer warp, in fragment order. d64 / d128: the two warpgroups
+         split dQ's columns (32 / 64 each, one swizzle atom of K: ``k_smem_layout``), meeting
+         on a 256-thread barrier, one
          add per element; d64's 128-row query tiles split the rows instead (each warpgroup
          its 64 queries, every column, same barrier); d96, whose half is not a whole swizzle
          atom: warpgroup 0 alone computes all of dQ over all 128 keys (reading both
@@ -51,9 +51,8 @@ waiting for each step's additions to complete. Fixed length, the CTAs come in L2
 (batch, KV head) pairs of a section taking turns at each key tile (``turns.section_work_tile``),
 so that fewer additions queue behind each other at a query tile. Where they fit (all but d128's
 80-row tile, ``family.backward_dq_slots``): two dQ buffers per consumer warpgroup, used by step
-parity, each with its writer warp (warp 1 the even
-steps, warp 2 the odd ones: ``add_dq_two_slots``), so that consecutive steps' L2 round trips
-overlap.
+parity, each with its writer warp (warp 1 the even steps, warp 2 the odd ones:
+``add_dq_two_slots``), so that consecutive steps' L2 round trips overlap.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
 tile_m 64 (d64: or 128; d128: or 80, dQ then computed transposed), tile_n 128 (two consumer
@@ -783,7 +782,9 @@ class FlashBackwardSm90(AttentionKernel):
 
     def dq_barrier(self, base: int, wg, slot):
         """The hardware barrier id of ``base`` (DQ_EMPTY or DQ_FULL) for warpgroup ``wg``'s
-        buffer ``slot`` (the second slots' pair sits DQ_SECOND_SLOT ids further)."""
+        buffer ``slot`` (the second slots' pair sits DQ_SECOND_SLOT ids further). A constant
+        slot 0 adds nothing, so one-slot kernels keep their ids free of arithmetic on a
+        runtime ``wg``."""
         if cutlass.const_expr(isinstance(slot, int) and slot == 0):
             return base + wg
         return base + wg + slot * DQ_SECOND_SLOT
