@@ -86,16 +86,32 @@ def candidate_name(plan: KernelPlan) -> str:
     group = plan.option("pack_gqa", 1)
     packed = f"-pack{group}" if group > 1 else ""
     one_q = "-q1" if plan.option("q_stages") == 1 else ""
-    return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}"
+    poly = f"-poly{plan.option('exp2_poly')}" if plan.option("exp2_poly") else ""
+    eager = {True: "-eager", False: "-lazy", None: ""}[plan.option("eager_rescale")]
+    return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}{poly}{eager}"
+
+
+def with_options(plan: KernelPlan, exp2_poly: int, eager_rescale: bool | None) -> KernelPlan:
+    """``plan`` with every ``exp2_poly``-th exponential on the FMA pipe (0: none) and O
+    rescaled eagerly or lazily (None: as the family chose)."""
+    options = dict(plan.options)
+    if exp2_poly:
+        options["exp2_poly"] = exp2_poly
+    if eager_rescale is not None:
+        options["eager_rescale"] = eager_rescale
+    return dataclasses.replace(plan, options=tuple(sorted(options.items())))
 
 
 def candidates(
     arch, shape: Shape, dtype: str, tiles, persistent_modes, pack_modes=(False,),
-    one_q_stage_modes=None,
+    one_q_stage_modes=None, exp2_poly=(0,), eager_modes=(None,),
 ) -> tuple[dict, list]:
     """The plans to time for ``shape`` by name, and the names of those the family cannot
     implement on ``arch``; ``one_q_stage_modes`` (True): persistent plans that would take two
-    Q stages are timed with one ("-q1"); None: as the planner chooses (``keeps_one_q_stage``)."""
+    Q stages are timed with one ("-q1"); None: as the planner chooses (``keeps_one_q_stage``);
+    ``exp2_poly``: each plan with every that-many-th exponential on the FMA pipe (0: none);
+    ``eager_modes``: each plan with O rescaled at every key tile (True, "-eager"), lazily
+    (False, "-lazy") or as the family chose (None)."""
     if one_q_stage_modes is None:
         one_q_stage_modes = (keeps_one_q_stage(shape.dim, shape.causal, None),)
     family = get_family("sm90")
@@ -117,17 +133,21 @@ def candidates(
                 (d, one) for d in ((False, True) if persistent and shape.causal else (False,))
                 for one in (one_q_stage_modes if two_q_stages else (False,))
             ):
-                plan = family.plan(
+                base = family.plan(
                     arch, dtype=dtype, head_dim=shape.dim, causal=shape.causal, tile_m=tile_m,
                     tile_n=tile_n, num_stages=num_stages, persistent=persistent, pingpong=None,
                     pack_gqa=pack_gqa, dynamic=dynamic, one_q_stage=one_q_stage,
                     # As the bench's calls (no grad, no return_lse): the kernel writes no lse.
                     features=(("lse", False),),
                 )
-                if family.can_implement(plan, arch):
-                    plans[candidate_name(plan)] = plan
-                else:
-                    skipped.append(candidate_name(plan))
+                for plan in (
+                    with_options(base, exp2_poly=every, eager_rescale=eager)
+                    for every in exp2_poly for eager in eager_modes
+                ):
+                    if family.can_implement(plan, arch):
+                        plans[candidate_name(plan)] = plan
+                    else:
+                        skipped.append(candidate_name(plan))
     return plans, skipped
 
 
@@ -227,6 +247,12 @@ def main(argv=None) -> int:
     parser.add_argument("--one-q-stage", choices=("planner", *PERSISTENT_MODES), default="planner",
                         help="persistent plans that fit two Q stages: with one (true), two "
                              "(false), both, or as the planner chooses (default)")
+    parser.add_argument("--exp2-poly", type=lambda text: [int(n) for n in text.split(",")],
+                        default=[0], help="forward: time each plan with every N-th softmax "
+                        "exponential on the FMA pipe, for each N given (0: none; default 0)")
+    parser.add_argument("--eager-rescale", choices=("planner", *PERSISTENT_MODES),
+                        default="planner", help="forward: plans that rescale O at every key "
+                        "tile (true), lazily (false), both, or as the family chose (default)")
     parser.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",
                         help="time forward plans (default) or backward plans")
     parser.add_argument("--family", choices=("sm90", "sm80"), default="sm90",
@@ -266,6 +292,7 @@ def main(argv=None) -> int:
         plans, skipped = candidates(
             arch, shape, args.dtype, args.tiles, PERSISTENT_MODES[args.persistent],
             PERSISTENT_MODES[args.pack_gqa], PERSISTENT_MODES.get(args.one_q_stage),
+            args.exp2_poly, PERSISTENT_MODES.get(args.eager_rescale, (None,)),
         )
         if skipped:
             log_to_stderr(f"{shape.label()}: sm90 cannot implement {', '.join(skipped)} on {arch.name}; skipped")

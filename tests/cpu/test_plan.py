@@ -39,10 +39,12 @@ def sm90_plan(
 ):
     options = (("pack_gqa", pack_gqa), ("persistent", persistent), ("pingpong", pingpong))
     options += (("q_stages", 1),) if one_q_stage else ()
+    # d64 rescales O at every key tile (``default_eager_rescale``).
+    options += (("eager_rescale", True),) if fields.get("head_dim", 128) <= 64 else ()
     base = dict(
         family="sm90", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
         tile_n=128, num_threads=384, num_stages=2,
-        options=((("dynamic", True),) if dynamic else ()) + options,
+        options=tuple(sorted(((("dynamic", True),) if dynamic else ()) + options)),
     )
     base.update(fields)
     return KernelPlan(**base)

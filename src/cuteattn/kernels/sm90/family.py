@@ -141,6 +141,16 @@ def keeps_one_q_stage(head_dim: int, causal: bool, window) -> bool:
     return head_dim == 128 and not causal and window is None
 
 
+def default_eager_rescale(head_dim: int) -> bool:
+    """Whether the forward rescales O at every key tile (FlashAttention-4's way) rather than
+    lazily (``forward.RESCALE_THRESHOLD``: a row keeps its max while the new one is at most 2^8
+    larger, and a warp whose rows all kept theirs skips the O multiply). At d64 the O multiply
+    is 32 FMULs per thread and the lazy test, vote and branch cost more than they save
+    (twentieth session, docs/PERF.md: 192 x 128 dense 1k / 4k / 16k +2 / +4 / +5%, causal
+    +1-2.5%); from d96 on lazy wins or ties (d128 dense -1-2% eager, d192 -4-7%)."""
+    return head_dim <= 64
+
+
 def default_pingpong(head_dim: int, tile_m: int) -> bool:
     """Ping-pong pays where softmax is a large share of a tile's time (head dims up to 128)."""
     return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
@@ -307,11 +317,13 @@ class Sm90Family(KernelFamily):
         """A forward plan; ``features``: the problem's feature options (``with_features``).
         Soft-capped, it also carries ("exp2_poly", every) unless that is 0; ``dynamic``
         (persistent): ("dynamic", True), the tiles handed out from a counter; ``one_q_stage``
-        (persistent): ("q_stages", 1)."""
+        (persistent): ("q_stages", 1); ("eager_rescale", True) where
+        ``default_eager_rescale``."""
         if pingpong is None:
             pingpong = default_pingpong(head_dim, tile_m)
         tuning = (("dynamic", True),) if dynamic else ()
         tuning += (("q_stages", 1),) if one_q_stage else ()
+        tuning += (("eager_rescale", True),) if default_eager_rescale(head_dim) else ()
         if dict(features).get("softcap", 0.0) > 0:
             every = softcap_exp2_poly_every()
             tuning += (("exp2_poly", every),) if every > 0 else ()
@@ -431,7 +443,9 @@ class Sm90Family(KernelFamily):
             and plan.arch == arch.name
             and self.supports(arch)
             and plan.dtype in DTYPES
-            and tuple(name for name in names if name not in ("dynamic", "q_stages")) in (
+            and tuple(
+                name for name in names if name not in ("dynamic", "q_stages", "eager_rescale")
+            ) in (
                 ("pack_gqa", "persistent", "pingpong"),
                 ("exp2_poly", "pack_gqa", "persistent", "pingpong"),
             )
@@ -444,9 +458,9 @@ class Sm90Family(KernelFamily):
                 type(plan.option("q_stages")) is int and plan.option("q_stages") == 1
                 and bool(plan.option("persistent"))
             ))
+            and plan.option("eager_rescale") in (None, True, False)
             and (plan.option("exp2_poly") is None or (
                 type(plan.option("exp2_poly")) is int and plan.option("exp2_poly") > 0
-                and plan.option("softcap", 0.0) > 0
             ))
             and features_well_formed(plan)
             and isinstance(plan.option("pack_gqa"), int)
@@ -498,6 +512,7 @@ class Sm90Family(KernelFamily):
             **sizes,
             pingpong=plan.option("pingpong"),
             exp2_poly_every=plan.option("exp2_poly", 0),
+            eager_rescale=bool(plan.option("eager_rescale", False)),
             persistent=plan.option("persistent"),
             dynamic=self.uses_tile_counter(plan),
             separate_o=tiling.separate_o_fits(

@@ -177,6 +177,7 @@ class FlashForwardSm90(AttentionKernel):
         pack_gqa: int = 1,
         sink: bool = False,
         exp2_poly_every: int = 0,
+        eager_rescale: bool = False,
         **shape,
     ):
         """pack_gqa: query heads per KV head packed into one tile's rows (1: not packed); the
@@ -197,6 +198,8 @@ class FlashForwardSm90(AttentionKernel):
         # Every that-many-th exponential of the softmax on the FMA pipe (soft-capping: the
         # tanh shares MUFU with exp2; ``kernels/common/exp2_poly.py``), 0 for none.
         self.exp2_poly_every = exp2_poly_every
+        # O rescaled at every key tile (no lazy threshold, no warp vote), FA4's way.
+        self.eager_rescale = eager_rescale
         self.num_stages = num_stages
         self.persistent = persistent
         self.dynamic = dynamic and persistent and not self.varlen
@@ -850,7 +853,8 @@ class FlashForwardSm90(AttentionKernel):
                 block_info.window_tile_counts(seqlen, m_block, n_block_min, n_block_max)
             )
         softmax = OnlineSoftmax(
-            scale_log2, num_rows, rescale_threshold=RESCALE_THRESHOLD,
+            scale_log2, num_rows,
+            rescale_threshold=0.0 if self.eager_rescale else RESCALE_THRESHOLD,
             exp2_poly_every=self.exp2_poly_every,
         )
         acc_O.fill(0.0)
@@ -1110,7 +1114,7 @@ class FlashForwardSm90(AttentionKernel):
         self.scheduler_sync(wg_idx)
         acc_S = self.qk_gemm(tiled_mma_qk, tSrQ, tSrK, kv_state.index, wait_groups=-1)
         if cutlass.const_expr(self.rescale_o_before_pv):
-            rescale_rows_where_needed(acc_O, pending_scale)
+            self.rescale_o(acc_O, pending_scale)
         wait_stage(pipeline_v, v_state)
         if cutlass.const_expr(self.varlen):
             self.zero_keys_past_sequence(loop, v_state.index, n_block + 1)
@@ -1131,8 +1135,14 @@ class FlashForwardSm90(AttentionKernel):
         if cutlass.const_expr(self.rescale_o_before_pv):
             pending_scale.store(row_scale.load())
         else:
-            rescale_rows_where_needed(acc_O, row_scale)
+            self.rescale_o(acc_O, row_scale)
         return kv_state
+
+    def rescale_o(self, acc_O: cute.Tensor, row_scale: cute.Tensor):
+        if cutlass.const_expr(self.eager_rescale):
+            rescale_rows(acc_O, row_scale)
+        else:
+            rescale_rows_where_needed(acc_O, row_scale)
 
     @cute.jit
     def drain_tiles(self, loop: Mainloop, kv_state, num_tiles: Int32):
@@ -1165,7 +1175,7 @@ class FlashForwardSm90(AttentionKernel):
         tiled_mma_pv, tOrVt, tOrP = loop.tiled_mma_pv, loop.tOrVt, loop.tOrP
         acc_O, pending_scale, pipeline_v = loop.acc_O, loop.pending_scale, loop.pipeline_v
         if cutlass.const_expr(self.rescale_o_before_pv):
-            rescale_rows_where_needed(acc_O, pending_scale)
+            self.rescale_o(acc_O, pending_scale)
         wait_stage(pipeline_v, kv_state)
         if cutlass.const_expr(self.varlen):
             self.zero_keys_past_sequence(loop, kv_state.index, n_block)
