@@ -47,6 +47,10 @@ for causal in (False, True):
     plans = [plan]
     if plan.option("persistent") is not None:
         flipped = dict(plan.options) | {"persistent": not plan.option("persistent")}
+        if plan.option("persistent"):
+            # Options only a persistent kernel takes (the tile counter, one Q stage).
+            flipped.pop("dynamic", None)
+            flipped.pop("q_stages", None)
         plans.append(dataclasses.replace(plan, options=tuple(sorted(flipped.items()))))
     for each in plans:
         out, _ = api.forward(q, k, v, causal=causal, plan=each)
