@@ -144,3 +144,23 @@ def test_rows_too_large_for_the_gpu_are_refused_before_any_run(tune, capsys):
     with pytest.raises(SystemExit):
         tune.main(["--dims", "128", "--seqlens", "1", "--seqlen-k", "8192", "--heads-kv", "2"])
     assert "give --tokens (or the row's batch) a smaller count" in capsys.readouterr().err
+
+
+def test_eager_rescale_and_exp2_poly_candidates(tune):
+    """--eager-rescale both / --exp2-poly: each tile's plan with O rescaled eagerly and lazily
+    (whatever the family's default), and with a share of exponentials on the FMA pipe; the
+    planner's d64 plan (eager) is named like its candidate."""
+    shape = Shape(dim=64, seqlen=4096, causal=False, batch=8, heads=32)
+    plans, skipped = tune.candidates(
+        HOPPER, shape, "bf16", [(192, 128, 2)], (True,), exp2_poly=(0, 8), eager_modes=(True, False)
+    )
+    assert skipped == []
+    assert list(plans) == [
+        "192x128x2-persistent-eager", "192x128x2-persistent-lazy",
+        "192x128x2-persistent-poly8-eager", "192x128x2-persistent-poly8-lazy",
+    ]
+    assert plans["192x128x2-persistent-lazy"].option("eager_rescale") is False
+    assert plans["192x128x2-persistent-poly8-eager"].option("exp2_poly") == 8
+    default, _ = tune.candidates(HOPPER, shape, "bf16", [(192, 128, 2)], (True,))
+    assert list(default) == ["192x128x2-persistent-eager"]
+    assert tune.planner_choice(HOPPER, shape, "bf16") in default

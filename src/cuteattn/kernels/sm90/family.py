@@ -458,7 +458,7 @@ class Sm90Family(KernelFamily):
                 type(plan.option("q_stages")) is int and plan.option("q_stages") == 1
                 and bool(plan.option("persistent"))
             ))
-            and plan.option("eager_rescale") in (None, True, False)
+            and type(plan.option("eager_rescale")) in (type(None), bool)
             and (plan.option("exp2_poly") is None or (
                 type(plan.option("exp2_poly")) is int and plan.option("exp2_poly") > 0
             ))

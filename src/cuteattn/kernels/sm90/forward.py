@@ -191,14 +191,14 @@ class FlashForwardSm90(AttentionKernel):
         the next tile's first V waits until O's store has read them), else Q's buffer (the
         next Q waits until O's store has read it). q_stages (separate_o only, else 1): Q
         buffers, 2 where they fit (``tiling.separate_o_q_stages``): the next work tile's Q
-        loads while this one's key tiles still read their own. shape: ``AttentionKernel``'s
-        fields."""
+        loads while this one's key tiles still read their own. eager_rescale: O rescaled at
+        every key tile, else lazily (``RESCALE_THRESHOLD``; ``family.default_eager_rescale``
+        says where each pays). shape: ``AttentionKernel``'s fields."""
         super().__init__(**shape)
         self.sink = sink
         # Every that-many-th exponential of the softmax on the FMA pipe (soft-capping: the
         # tanh shares MUFU with exp2; ``kernels/common/exp2_poly.py``), 0 for none.
         self.exp2_poly_every = exp2_poly_every
-        # O rescaled at every key tile (no lazy threshold, no warp vote), FA4's way.
         self.eager_rescale = eager_rescale
         self.num_stages = num_stages
         self.persistent = persistent
