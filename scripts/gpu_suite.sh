@@ -7,7 +7,8 @@
 # Kernel compiles dominate a GPU test run and use one CPU core each, so each group runs as
 # several pytest processes at once, its shards: one per family and "rest" for the tests no
 # other shard selects (those that name no family). SHARDS=2 also splits by
-# dtype; SHARDS=0 runs each group as one process, one group after another. K (or K_<group>)
+# dtype, SHARDS=4 by dtype and then by whether the test id holds "True" (the long groups then
+# fit one call: 9 processes); SHARDS=0 runs each group as one process, one group after another. K (or K_<group>)
 # adds a -k expression. Each process runs under GROUP_TIMEOUT seconds (default 540) and is then
 # interrupted with SIGINT, so that pytest still prints which tests failed and why. The log of
 # each shard is <group>-<shard>.log in $OUT/gpu-logs.tgz; the summary prints the failures' first lines.
@@ -38,16 +39,25 @@ shards_of() {  # group (the same shards for every group)
   case "${SHARDS:-1}" in
     0) echo "all" ;;
     2) echo "sm90.bfloat16 sm90.float16 sm80.bfloat16 sm80.float16 rest" ;;
+    4) local f d
+       for f in sm90 sm80; do for d in bfloat16 float16; do echo "$f.$d.T $f.$d.F"; done; done
+       echo "rest" ;;
     *) echo "sm90 sm80 rest" ;;
   esac
 }
 
-expression_of() {  # shard: its -k expression ("." for " and ")
-  case $1 in
-    all|rest) echo "" ;;
-    *.float16) echo "${1%.*} and not bfloat16" ;;  # "float16" is in "bfloat16"
-    *) echo "${1/./ and }" ;;
-  esac
+expression_of() {  # shard: its -k expression (family[.dtype[.T|.F]], "." for " and ")
+  case $1 in all|rest) echo ""; return ;; esac
+  local part expr=""
+  for part in ${1//./ }; do
+    case $part in
+      float16) part="not bfloat16" ;;  # "float16" is in "bfloat16"
+      T) part="True" ;;
+      F) part="not True" ;;
+    esac
+    expr="${expr:+$expr and }$part"
+  done
+  echo "$expr"
 }
 
 run_one() {  # group shard files...
