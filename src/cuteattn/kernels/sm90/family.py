@@ -147,7 +147,8 @@ def default_eager_rescale(head_dim: int) -> bool:
     larger, and a warp whose rows all kept theirs skips the O multiply). At d64 the O multiply
     is 32 FMULs per thread and the lazy test, vote and branch cost more than they save
     (twentieth session, docs/PERF.md: 192 x 128 dense 1k / 4k / 16k +2 / +4 / +5%, causal
-    +1-2.5%); from d96 on lazy wins or ties (d128 dense -1-2% eager, d192 -4-7%)."""
+    +1-2.5%); from d96 on lazy wins or ties in most rows (eager d128 dense 0.5-2% slower, d192
+    2-7%)."""
     return head_dim <= 64
 
 
