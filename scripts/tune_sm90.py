@@ -88,30 +88,40 @@ def candidate_name(plan: KernelPlan) -> str:
     one_q = "-q1" if plan.option("q_stages") == 1 else ""
     poly = f"-poly{plan.option('exp2_poly')}" if plan.option("exp2_poly") else ""
     eager = {True: "-eager", False: "-lazy", None: ""}[plan.option("eager_rescale")]
-    return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}{poly}{eager}"
+    early = {True: "-early", False: "-late", None: ""}[plan.option("rescale_before_pv")]
+    return (
+        f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}{poly}{eager}{early}"
+    )
 
 
-def with_options(plan: KernelPlan, exp2_poly: int, eager_rescale: bool | None) -> KernelPlan:
-    """``plan`` with every ``exp2_poly``-th exponential on the FMA pipe (0: none) and O
-    rescaled eagerly or lazily (None: as the family chose)."""
+def with_options(
+    plan: KernelPlan, exp2_poly: int, eager_rescale: bool | None,
+    rescale_before_pv: bool | None = None,
+) -> KernelPlan:
+    """``plan`` with every ``exp2_poly``-th exponential on the FMA pipe (0: none), O rescaled
+    eagerly or lazily, and before the next P V or after the softmax (None: as the family
+    chose)."""
     options = dict(plan.options)
     if exp2_poly:
         options["exp2_poly"] = exp2_poly
     if eager_rescale is not None:
         options["eager_rescale"] = eager_rescale
+    if rescale_before_pv is not None:
+        options["rescale_before_pv"] = rescale_before_pv
     return dataclasses.replace(plan, options=tuple(sorted(options.items())))
 
 
 def candidates(
     arch, shape: Shape, dtype: str, tiles, persistent_modes, pack_modes=(False,),
-    one_q_stage_modes=None, exp2_poly=(0,), eager_modes=(None,),
+    one_q_stage_modes=None, exp2_poly=(0,), eager_modes=(None,), early_modes=(None,),
 ) -> tuple[dict, list]:
     """The plans to time for ``shape`` by name, and the names of those the family cannot
     implement on ``arch``; ``one_q_stage_modes`` (True): persistent plans that would take two
     Q stages are timed with one ("-q1"); None: as the planner chooses (``keeps_one_q_stage``);
     ``exp2_poly``: each plan with every that-many-th exponential on the FMA pipe (0: none);
     ``eager_modes``: each plan with O rescaled at every key tile (True, "-eager"), lazily
-    (False, "-lazy") or as the family chose (None)."""
+    (False, "-lazy") or as the family chose (None); ``early_modes``: likewise, O rescaled
+    while the next S is in flight (True, "-early") or after the softmax (False, "-late")."""
     if one_q_stage_modes is None:
         one_q_stage_modes = (keeps_one_q_stage(shape.dim, shape.causal, None),)
     family = get_family("sm90")
@@ -141,8 +151,8 @@ def candidates(
                     features=(("lse", False),),
                 )
                 for plan in (
-                    with_options(base, exp2_poly=every, eager_rescale=eager)
-                    for every in exp2_poly for eager in eager_modes
+                    with_options(base, every, eager, early)
+                    for every in exp2_poly for eager in eager_modes for early in early_modes
                 ):
                     if family.can_implement(plan, arch):
                         plans[candidate_name(plan)] = plan
@@ -253,6 +263,10 @@ def main(argv=None) -> int:
     parser.add_argument("--eager-rescale", choices=("planner", *PERSISTENT_MODES),
                         default="planner", help="forward: plans that rescale O at every key "
                         "tile (true), lazily (false), both, or as the family chose (default)")
+    parser.add_argument("--rescale-before-pv", choices=("planner", *PERSISTENT_MODES),
+                        default="planner", help="forward: plans that rescale O while the next "
+                        "S = Q K^T is in flight (true), after the softmax (false), both, or as "
+                        "the family chose (default)")
     parser.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",
                         help="time forward plans (default) or backward plans")
     parser.add_argument("--family", choices=("sm90", "sm80"), default="sm90",
@@ -293,6 +307,7 @@ def main(argv=None) -> int:
             arch, shape, args.dtype, args.tiles, PERSISTENT_MODES[args.persistent],
             PERSISTENT_MODES[args.pack_gqa], PERSISTENT_MODES.get(args.one_q_stage),
             args.exp2_poly, PERSISTENT_MODES.get(args.eager_rescale, (None,)),
+            PERSISTENT_MODES.get(args.rescale_before_pv, (None,)),
         )
         if skipped:
             log_to_stderr(f"{shape.label()}: sm90 cannot implement {', '.join(skipped)} on {arch.name}; skipped")

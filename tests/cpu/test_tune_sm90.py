@@ -161,6 +161,11 @@ def test_eager_rescale_and_exp2_poly_candidates(tune):
     ]
     assert plans["192x128x2-persistent-lazy"].option("eager_rescale") is False
     assert plans["192x128x2-persistent-poly8-eager"].option("exp2_poly") == 8
+    timed, _ = tune.candidates(
+        HOPPER, shape, "bf16", [(192, 128, 2)], (True,), early_modes=(True, False)
+    )
+    assert list(timed) == ["192x128x2-persistent-eager-early", "192x128x2-persistent-eager-late"]
+    assert timed["192x128x2-persistent-eager-late"].option("rescale_before_pv") is False
     default, _ = tune.candidates(HOPPER, shape, "bf16", [(192, 128, 2)], (True,))
     assert list(default) == ["192x128x2-persistent-eager"]
     assert tune.planner_choice(HOPPER, shape, "bf16") in default

@@ -445,7 +445,8 @@ class Sm90Family(KernelFamily):
             and self.supports(arch)
             and plan.dtype in DTYPES
             and tuple(
-                name for name in names if name not in ("dynamic", "q_stages", "eager_rescale")
+                name for name in names
+                if name not in ("dynamic", "q_stages", "eager_rescale", "rescale_before_pv")
             ) in (
                 ("pack_gqa", "persistent", "pingpong"),
                 ("exp2_poly", "pack_gqa", "persistent", "pingpong"),
@@ -460,6 +461,7 @@ class Sm90Family(KernelFamily):
                 and bool(plan.option("persistent"))
             ))
             and type(plan.option("eager_rescale")) in (type(None), bool)
+            and type(plan.option("rescale_before_pv")) in (type(None), bool)
             and (plan.option("exp2_poly") is None or (
                 type(plan.option("exp2_poly")) is int and plan.option("exp2_poly") > 0
             ))
@@ -514,6 +516,7 @@ class Sm90Family(KernelFamily):
             pingpong=plan.option("pingpong"),
             exp2_poly_every=plan.option("exp2_poly", 0),
             eager_rescale=bool(plan.option("eager_rescale", False)),
+            rescale_before_pv=plan.option("rescale_before_pv"),
             persistent=plan.option("persistent"),
             dynamic=self.uses_tile_counter(plan),
             separate_o=tiling.separate_o_fits(

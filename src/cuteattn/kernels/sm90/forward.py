@@ -178,6 +178,7 @@ class FlashForwardSm90(AttentionKernel):
         sink: bool = False,
         exp2_poly_every: int = 0,
         eager_rescale: bool = False,
+        rescale_before_pv: bool | None = None,
         **shape,
     ):
         """pack_gqa: query heads per KV head packed into one tile's rows (1: not packed); the
@@ -193,7 +194,9 @@ class FlashForwardSm90(AttentionKernel):
         buffers, 2 where they fit (``tiling.separate_o_q_stages``): the next work tile's Q
         loads while this one's key tiles still read their own. eager_rescale: O rescaled at
         every key tile, else lazily (``RESCALE_THRESHOLD``; ``family.default_eager_rescale``
-        says where each pays). shape: ``AttentionKernel``'s fields."""
+        says where each pays). rescale_before_pv: O rescaled while S = Q K^T of the next
+        key tile is in flight instead of after the softmax (None: where dim_v > 128). shape:
+        ``AttentionKernel``'s fields."""
         super().__init__(**shape)
         self.sink = sink
         # Every that-many-th exponential of the softmax on the FMA pipe (soft-capping: the
@@ -231,7 +234,9 @@ class FlashForwardSm90(AttentionKernel):
         self.skips_idle_warpgroups = self.num_consumer_wgs > 1 and pack_gqa == 1
         # Large head dims: rescale O while S = Q K^T is in flight rather than after softmax,
         # which keeps the (large) O rescale off the critical path.
-        self.rescale_o_before_pv = self.head_dim_v > 128
+        if rescale_before_pv is None:
+            rescale_before_pv = self.head_dim_v > 128
+        self.rescale_o_before_pv = rescale_before_pv
         # The consumer threads' barrier around the O tile in shared memory.
         self.epilogue_sync = functools.partial(
             cute.arch.barrier, barrier_id=int(NamedBarrier.EPILOGUE),
