@@ -89,18 +89,20 @@ def candidate_name(plan: KernelPlan) -> str:
     poly = f"-poly{plan.option('exp2_poly')}" if plan.option("exp2_poly") else ""
     eager = {True: "-eager", False: "-lazy", None: ""}[plan.option("eager_rescale")]
     early = {True: "-early", False: "-late", None: ""}[plan.option("rescale_before_pv")]
+    held = {True: "-held", False: "-unheld", None: ""}[plan.option("hold_descriptors")]
     return (
         f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}{poly}{eager}{early}"
+        f"{held}"
     )
 
 
 def with_options(
     plan: KernelPlan, exp2_poly: int, eager_rescale: bool | None,
-    rescale_before_pv: bool | None = None,
+    rescale_before_pv: bool | None = None, hold_descriptors: bool | None = None,
 ) -> KernelPlan:
     """``plan`` with every ``exp2_poly``-th exponential on the FMA pipe (0: none), O rescaled
-    eagerly or lazily, and before the next P V or after the softmax (None: as the family
-    chose)."""
+    eagerly or lazily, before the next P V or after the softmax, and the GEMM descriptors held
+    in registers or not (None: as the family chose)."""
     options = dict(plan.options)
     if exp2_poly:
         options["exp2_poly"] = exp2_poly
@@ -108,12 +110,15 @@ def with_options(
         options["eager_rescale"] = eager_rescale
     if rescale_before_pv is not None:
         options["rescale_before_pv"] = rescale_before_pv
+    if hold_descriptors is not None:
+        options["hold_descriptors"] = hold_descriptors
     return dataclasses.replace(plan, options=tuple(sorted(options.items())))
 
 
 def candidates(
     arch, shape: Shape, dtype: str, tiles, persistent_modes, pack_modes=(False,),
     one_q_stage_modes=None, exp2_poly=(0,), eager_modes=(None,), early_modes=(None,),
+    held_modes=(None,),
 ) -> tuple[dict, list]:
     """The plans to time for ``shape`` by name, and the names of those the family cannot
     implement on ``arch``; ``one_q_stage_modes`` (True): persistent plans that would take two
@@ -121,7 +126,8 @@ def candidates(
     ``exp2_poly``: each plan with every that-many-th exponential on the FMA pipe (0: none);
     ``eager_modes``: each plan with O rescaled at every key tile (True, "-eager"), lazily
     (False, "-lazy") or as the family chose (None); ``early_modes``: likewise, O rescaled
-    while the next S is in flight (True, "-early") or after the softmax (False, "-late")."""
+    while the next S is in flight (True, "-early") or after the softmax (False, "-late");
+    ``held_modes``: likewise, the GEMM descriptors held in registers ("-held") or not."""
     if one_q_stage_modes is None:
         one_q_stage_modes = (keeps_one_q_stage(shape.dim, shape.causal, None),)
     family = get_family("sm90")
@@ -151,8 +157,9 @@ def candidates(
                     features=(("lse", False),),
                 )
                 for plan in (
-                    with_options(base, every, eager, early)
+                    with_options(base, every, eager, early, held)
                     for every in exp2_poly for eager in eager_modes for early in early_modes
+                    for held in held_modes
                 ):
                     if family.can_implement(plan, arch):
                         plans[candidate_name(plan)] = plan
@@ -267,6 +274,10 @@ def main(argv=None) -> int:
                         default="planner", help="forward: plans that rescale O while the next "
                         "S = Q K^T is in flight (true), after the softmax (false), both, or as "
                         "the family chose (default)")
+    parser.add_argument("--hold-descriptors", choices=("planner", *PERSISTENT_MODES),
+                        default="planner", help="forward: plans whose GEMM descriptors are "
+                        "computed once and held in registers (true), rebuilt at each GEMM "
+                        "(false), both, or as the family chose (default)")
     parser.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",
                         help="time forward plans (default) or backward plans")
     parser.add_argument("--family", choices=("sm90", "sm80"), default="sm90",
@@ -308,6 +319,7 @@ def main(argv=None) -> int:
             PERSISTENT_MODES[args.pack_gqa], PERSISTENT_MODES.get(args.one_q_stage),
             args.exp2_poly, PERSISTENT_MODES.get(args.eager_rescale, (None,)),
             PERSISTENT_MODES.get(args.rescale_before_pv, (None,)),
+            PERSISTENT_MODES.get(args.hold_descriptors, (None,)),
         )
         if skipped:
             log_to_stderr(f"{shape.label()}: sm90 cannot implement {', '.join(skipped)} on {arch.name}; skipped")

@@ -562,9 +562,9 @@ def test_softcap_forward_plans_share_exponentials_with_the_fma_pipe(monkeypatch)
 
 def test_sm90_forward_rescales_o_eagerly_at_d64_only():
     """d64 forward plans carry ("eager_rescale", True) (``default_eager_rescale``), the others
-    rescale lazily; either way, O rescaled before the next P V or after the softmax, and an
-    exp2 share without softcap, are plans the family can run (tune_sm90 times them); a
-    non-bool value is not."""
+    rescale lazily; either way, O rescaled before the next P V or after the softmax, the GEMM
+    descriptors held in registers or not, and an exp2 share without softcap, are plans the
+    family can run (tune_sm90 times them); a non-bool value is not."""
     family = get_family("sm90")
     arch = arch_from_name("sm_90a")
     for head_dim in (8, 40, 64, 96, 128, 192, 256):
@@ -574,10 +574,11 @@ def test_sm90_forward_rescales_o_eagerly_at_d64_only():
     for extra in (
         {"eager_rescale": True}, {"eager_rescale": False}, {"exp2_poly": 8},
         {"rescale_before_pv": True}, {"rescale_before_pv": False},
+        {"hold_descriptors": True}, {"hold_descriptors": False},
     ):
         options = tuple(sorted((dict(plan.options) | extra).items()))
         assert family.can_implement(dataclasses.replace(plan, options=options), arch), extra
-    for bad in ({"eager_rescale": 1}, {"rescale_before_pv": "yes"}):
+    for bad in ({"eager_rescale": 1}, {"rescale_before_pv": "yes"}, {"hold_descriptors": 0}):
         options = tuple(sorted((dict(plan.options) | bad).items()))
         assert not family.can_implement(dataclasses.replace(plan, options=options), arch), bad
 

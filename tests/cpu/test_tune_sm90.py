@@ -166,6 +166,11 @@ def test_eager_rescale_and_exp2_poly_candidates(tune):
     )
     assert list(timed) == ["192x128x2-persistent-eager-early", "192x128x2-persistent-eager-late"]
     assert timed["192x128x2-persistent-eager-late"].option("rescale_before_pv") is False
+    held, _ = tune.candidates(
+        HOPPER, shape, "bf16", [(192, 128, 2)], (True,), held_modes=(True, False)
+    )
+    assert list(held) == ["192x128x2-persistent-eager-held", "192x128x2-persistent-eager-unheld"]
+    assert held["192x128x2-persistent-eager-held"].option("hold_descriptors") is True
     default, _ = tune.candidates(HOPPER, shape, "bf16", [(192, 128, 2)], (True,))
     assert list(default) == ["192x128x2-persistent-eager"]
     assert tune.planner_choice(HOPPER, shape, "bf16") in default

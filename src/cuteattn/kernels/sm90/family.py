@@ -446,7 +446,10 @@ class Sm90Family(KernelFamily):
             and plan.dtype in DTYPES
             and tuple(
                 name for name in names
-                if name not in ("dynamic", "q_stages", "eager_rescale", "rescale_before_pv")
+                if name not in (
+                    "dynamic", "q_stages", "eager_rescale", "rescale_before_pv",
+                    "hold_descriptors",
+                )
             ) in (
                 ("pack_gqa", "persistent", "pingpong"),
                 ("exp2_poly", "pack_gqa", "persistent", "pingpong"),
@@ -462,6 +465,7 @@ class Sm90Family(KernelFamily):
             ))
             and type(plan.option("eager_rescale")) in (type(None), bool)
             and type(plan.option("rescale_before_pv")) in (type(None), bool)
+            and type(plan.option("hold_descriptors")) in (type(None), bool)
             and (plan.option("exp2_poly") is None or (
                 type(plan.option("exp2_poly")) is int and plan.option("exp2_poly") > 0
             ))
@@ -517,6 +521,7 @@ class Sm90Family(KernelFamily):
             exp2_poly_every=plan.option("exp2_poly", 0),
             eager_rescale=bool(plan.option("eager_rescale", False)),
             rescale_before_pv=plan.option("rescale_before_pv"),
+            hold_descriptors=bool(plan.option("hold_descriptors", False)),
             persistent=plan.option("persistent"),
             dynamic=self.uses_tile_counter(plan),
             separate_o=tiling.separate_o_fits(
