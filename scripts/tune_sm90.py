@@ -191,21 +191,29 @@ def backward_name(plan: KernelPlan) -> str:
         f"bwd-{plan.tile_m}x{plan.tile_n}"
         + ("" if plan.family == "sm90" else f"-{plan.family}")
         + ("-det" if plan.option("deterministic", False) else "")
+        + {True: "-held", False: "-unheld", None: ""}[plan.option("hold_descriptors")]
     )
 
 
 def backward_candidates(
-    arch, shape: Shape, dtype: str, tile_ms=None, family: str = "sm90", deterministic=(False,)
+    arch, shape: Shape, dtype: str, tile_ms=None, family: str = "sm90", deterministic=(False,),
+    held_modes=(None,),
 ) -> dict:
     """A family's backward plans for ``shape`` by name: every one it offers and can implement
-    on ``arch``, or those whose tile_m is in ``tile_ms``; for each of ``deterministic``."""
+    on ``arch``, or those whose tile_m is in ``tile_ms``; for each of ``deterministic``, and
+    with the GEMM descriptors held in registers or not (``held_modes``; None: as offered)."""
     family = get_family(family)
-    return {
-        backward_name(plan): plan
-        for det in deterministic
-        for plan in family.backward_candidates(shape_problem(arch, shape, dtype, det))
-        if family.can_implement(plan, arch) and (tile_ms is None or plan.tile_m in tile_ms)
-    }
+    plans = {}
+    for det in deterministic:
+        for offered in family.backward_candidates(shape_problem(arch, shape, dtype, det)):
+            for held in held_modes:
+                plan = offered
+                if held is not None:
+                    options = tuple(sorted(dict(offered.options, hold_descriptors=held).items()))
+                    plan = dataclasses.replace(offered, options=options)
+                if family.can_implement(plan, arch) and (tile_ms is None or plan.tile_m in tile_ms):
+                    plans[backward_name(plan)] = plan
+    return plans
 
 
 def backward_plan_binder(plan: KernelPlan):
@@ -275,9 +283,9 @@ def main(argv=None) -> int:
                         "S = Q K^T is in flight (true), after the softmax (false), both, or as "
                         "the family chose (default)")
     parser.add_argument("--hold-descriptors", choices=("planner", *PERSISTENT_MODES),
-                        default="planner", help="forward: plans whose GEMM descriptors are "
-                        "computed once and held in registers (true), rebuilt at each GEMM "
-                        "(false), both, or as the family chose (default)")
+                        default="planner", help="plans (forward, and --mode bwd at d64-d128) "
+                        "whose GEMM descriptors are computed once and held in registers (true), "
+                        "rebuilt at each GEMM (false), both, or as the family chose (default)")
     parser.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",
                         help="time forward plans (default) or backward plans")
     parser.add_argument("--family", choices=("sm90", "sm80"), default="sm90",
@@ -344,7 +352,8 @@ def tune_backward(args, shapes, arch, peers) -> int:
     peers = {name: backward_binder(bind) for name, bind in peers.items()}
     for shape in shapes:
         plans = backward_candidates(
-            arch, shape, args.dtype, args.bwd_tile_m, args.family, deterministic
+            arch, shape, args.dtype, args.bwd_tile_m, args.family, deterministic,
+            PERSISTENT_MODES.get(args.hold_descriptors, (None,)),
         )
         if not plans:
             print(f"d{shape.dim} s{shape.seqlen} causal={shape.causal}: no backward candidate", flush=True)

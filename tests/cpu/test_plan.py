@@ -583,6 +583,22 @@ def test_sm90_forward_rescales_o_eagerly_at_d64_only():
         assert not family.can_implement(dataclasses.replace(plan, options=options), arch), bad
 
 
+def test_sm90_backward_holds_descriptors_only_where_asked_and_below_d192():
+    """Backward plans never carry ("hold_descriptors", ...) from the planner; the family runs
+    it (True or False) at d64-d128 and not on the wide kernels (d192, d256)."""
+    family = get_family("sm90")
+    arch = arch_from_name("sm_90a")
+    for head_dim in (64, 96, 128, 192, 256):
+        plan = plan_backward(problem(head_dim=head_dim, head_dim_v=head_dim))
+        assert plan.option("hold_descriptors") is None
+        for held in (True, False):
+            options = tuple(sorted(dict(plan.options, hold_descriptors=held).items()))
+            implementable = family.can_implement(dataclasses.replace(plan, options=options), arch)
+            assert implementable is (head_dim <= 128 or not held), (head_dim, held)
+    options = tuple(sorted(dict(plan.options, hold_descriptors=1).items()))
+    assert not family.can_implement(dataclasses.replace(plan, options=options), arch)
+
+
 def test_dynamic_tile_counter_only_for_persistent_fixed_length_causal_or_window_forwards():
     """The sm90 family hands out work tiles from a counter (one per stream, left zero by each
     launch)

@@ -424,8 +424,15 @@ class Sm90Family(KernelFamily):
                 and self.supports(arch)
                 and plan.dtype in DTYPES
                 and plan.head_dim in BACKWARD_HEAD_DIMS
-                and len(family_options(plan)) == 1
+                and {name for name, _ in family_options(plan)} in (
+                    {"deterministic"}, {"deterministic", "hold_descriptors"},
+                )
                 and isinstance(plan.option("deterministic"), bool)
+                # A tuning option (off in every plan the planner makes) of the d64-d128 kernel.
+                and type(plan.option("hold_descriptors")) in (type(None), bool)
+                and not (
+                    plan.option("hold_descriptors") and plan.head_dim in WIDE_BACKWARD_SPLIT_DIM
+                )
                 and features_well_formed(plan)
                 and plan.num_threads == BACKWARD_THREADS
                 and (plan.tile_m, plan.tile_n, plan.num_stages) in BACKWARD_TILES[plan.head_dim]
@@ -512,7 +519,10 @@ class Sm90Family(KernelFamily):
             else:
                 from cuteattn.kernels.sm90.backward import FlashBackwardSm90
 
-            return FlashBackwardSm90(**sizes, deterministic=plan.option("deterministic"))
+            held = (
+                {"hold_descriptors": True} if plan.option("hold_descriptors", False) else {}
+            )
+            return FlashBackwardSm90(**sizes, deterministic=plan.option("deterministic"), **held)
         from cuteattn.kernels.sm90.forward import FlashForwardSm90
 
         return FlashForwardSm90(

@@ -78,6 +78,13 @@ def hold_k_slices(operand: cute.Tensor) -> tuple:
     )
 
 
+def hold_base(operand: cute.Tensor) -> cute.Tensor:
+    """``operand`` (every mode) made from its descriptor value computed here: one value held,
+    the k-slices' offsets added at each GEMM (where holding every slice costs too many
+    registers: the backward)."""
+    return _held_view(_opaque_u64(smem_descriptor_to_int(operand.iterator)), operand.layout)
+
+
 class HeldStages:
     """A staged operand (modes ..., k, stage: K, V^T) as its first stage's descriptor value,
     computed where this is made, and its layout; ``stage(i)`` adds stage i's offset."""
@@ -90,6 +97,10 @@ class HeldStages:
     def stage(self, index) -> cute.Tensor:
         offset = cute.crd2idx((0, 0, 0, index), self.layout)
         return _held_view(self.base + Int64(offset), self.stage_layout)
+
+
+def _k_slice(operand, k: int) -> cute.Tensor:
+    return operand[k] if isinstance(operand, tuple) else operand[None, None, k]
 
 
 def operand_stage(operand, index) -> cute.Tensor:
@@ -109,8 +120,8 @@ def gemm(
     wait_groups: cutlass.Constexpr[int],
     k_blocks: cutlass.Constexpr = None,
 ):
-    """acc (+)= A B over the k mode of the operands, as one WGMMA commit group. ``operand_a``
-    may be a tuple of k-slice views (``hold_k_slices``).
+    """acc (+)= A B over the k mode of the operands, as one WGMMA commit group. Either
+    operand may be a tuple of k-slice views (``hold_k_slices``).
 
     ``wait_groups`` >= 0 waits until at most that many commit groups are still in flight;
     -1 returns at once (the caller waits later, before touching acc).
@@ -118,14 +129,14 @@ def gemm(
     warpgroup.fence()
     mma_atom = cute.make_mma_atom(tiled_mma.op)
     mma_atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    sliced = isinstance(operand_a, tuple)
     blocks = k_blocks
     if cutlass.const_expr(k_blocks is None):
-        blocks = tuple(range(len(operand_a) if sliced else cute.size(operand_a.shape[2])))
+        blocks = tuple(range(
+            len(operand_a) if isinstance(operand_a, tuple) else cute.size(operand_a.shape[2])
+        ))
     for k in cutlass.range_constexpr(len(blocks)):
         k = blocks[k]
-        slice_a = operand_a[k] if cutlass.const_expr(sliced) else operand_a[None, None, k]
-        cute.gemm(mma_atom, acc, slice_a, operand_b[None, None, k], acc)
+        cute.gemm(mma_atom, acc, _k_slice(operand_a, k), _k_slice(operand_b, k), acc)
         mma_atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
     if cutlass.const_expr(wait_groups >= 0):
