@@ -63,6 +63,17 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def share_list(text: str) -> list[int]:
+    """``0,16,8`` -> [0, 16, 8]: every N-th exponential on the FMA pipe, 0 for none."""
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
 def tile_list(text: str) -> list[tuple[int, int, int]]:
     """``128x128x2,192x128x2`` -> [(tile_m, tile_n, num_stages), ...]."""
     tiles = []
@@ -272,7 +283,7 @@ def main(argv=None) -> int:
     parser.add_argument("--one-q-stage", choices=("planner", *PERSISTENT_MODES), default="planner",
                         help="persistent plans that fit two Q stages: with one (true), two "
                              "(false), both, or as the planner chooses (default)")
-    parser.add_argument("--exp2-poly", type=lambda text: [int(n) for n in text.split(",")],
+    parser.add_argument("--exp2-poly", type=share_list,
                         default=[0], help="forward: time each plan with every N-th softmax "
                         "exponential on the FMA pipe, for each N given (0: none; default 0)")
     parser.add_argument("--eager-rescale", choices=("planner", *PERSISTENT_MODES),

@@ -519,9 +519,11 @@ class Sm90Family(KernelFamily):
             else:
                 from cuteattn.kernels.sm90.backward import FlashBackwardSm90
 
-            held = (
-                {"hold_descriptors": True} if plan.option("hold_descriptors", False) else {}
-            )
+            held = {}
+            if plan.option("hold_descriptors", False):
+                # The wide kernels' own consumer loop does not hold them (can_implement).
+                assert plan.head_dim not in WIDE_BACKWARD_SPLIT_DIM, plan
+                held = {"hold_descriptors": True}
             return FlashBackwardSm90(**sizes, deterministic=plan.option("deterministic"), **held)
         from cuteattn.kernels.sm90.forward import FlashForwardSm90
 

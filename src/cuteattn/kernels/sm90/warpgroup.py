@@ -86,8 +86,9 @@ def hold_base(operand: cute.Tensor) -> cute.Tensor:
 
 
 class HeldStages:
-    """A staged operand (modes ..., k, stage: K, V^T) as its first stage's descriptor value,
-    computed where this is made, and its layout; ``stage(i)`` adds stage i's offset."""
+    """A staged operand (modes ..., k, stage: the forward's K and V^T, the backward's Q, dO,
+    dS^T and their transposes) as its first stage's descriptor value, computed where this is
+    made, and its layout; ``stage(i)`` adds stage i's offset."""
 
     def __init__(self, operand: cute.Tensor):
         self.layout = operand.layout
