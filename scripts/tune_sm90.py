@@ -46,7 +46,13 @@ from cuteattn.bench.runner import (
     run_benchmark,
 )
 from cuteattn.kernels.sm90 import tiling
-from cuteattn.kernels.sm90.family import SM90_TILES, keeps_one_q_stage
+from cuteattn.kernels.sm90.family import (
+    HOLD_DESCRIPTORS_BACKWARD,
+    HOLD_DESCRIPTORS_FORWARD,
+    SM90_TILES,
+    WIDE_BACKWARD_SPLIT_DIM,
+    keeps_one_q_stage,
+)
 from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_forward
 from cuteattn.runtime.arch import device_arch
 
@@ -100,11 +106,20 @@ def candidate_name(plan: KernelPlan) -> str:
     poly = f"-poly{plan.option('exp2_poly')}" if plan.option("exp2_poly") else ""
     eager = {True: "-eager", False: "-lazy", None: ""}[plan.option("eager_rescale")]
     early = {True: "-early", False: "-late", None: ""}[plan.option("rescale_before_pv")]
-    held = {True: "-held", False: "-unheld", None: ""}[plan.option("hold_descriptors")]
+    held = held_suffix(plan, HOLD_DESCRIPTORS_FORWARD)
     return (
         f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}{poly}{eager}{early}"
         f"{held}"
     )
+
+
+def held_suffix(plan: KernelPlan, default: bool) -> str:
+    """"-held" / "-unheld" where the plan's descriptors are held or not against the family's
+    default, "" where they follow it (the planner's own plans)."""
+    held = bool(plan.option("hold_descriptors", default))
+    if held == default:
+        return ""
+    return "-held" if held else "-unheld"
 
 
 def with_options(
@@ -202,7 +217,9 @@ def backward_name(plan: KernelPlan) -> str:
         f"bwd-{plan.tile_m}x{plan.tile_n}"
         + ("" if plan.family == "sm90" else f"-{plan.family}")
         + ("-det" if plan.option("deterministic", False) else "")
-        + {True: "-held", False: "-unheld", None: ""}[plan.option("hold_descriptors")]
+        + held_suffix(
+            plan, HOLD_DESCRIPTORS_BACKWARD and plan.head_dim not in WIDE_BACKWARD_SPLIT_DIM
+        )
     )
 
 

@@ -152,6 +152,14 @@ def default_eager_rescale(head_dim: int) -> bool:
     return head_dim <= 64
 
 
+# Whether plans hold the GEMMs' shared-memory descriptors in registers
+# (``warpgroup.HeldStages``; the plan option ("hold_descriptors", True)): forward at every head
+# dim, backward at d64-d128. Off until timed (docs/PERF.md, twentieth session: fewer key-loop
+# instructions in every variant, spill-free).
+HOLD_DESCRIPTORS_FORWARD = False
+HOLD_DESCRIPTORS_BACKWARD = False
+
+
 def default_pingpong(head_dim: int, tile_m: int) -> bool:
     """Ping-pong pays where softmax is a large share of a tile's time (head dims up to 128)."""
     return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
@@ -325,6 +333,7 @@ class Sm90Family(KernelFamily):
         tuning = (("dynamic", True),) if dynamic else ()
         tuning += (("q_stages", 1),) if one_q_stage else ()
         tuning += (("eager_rescale", True),) if default_eager_rescale(head_dim) else ()
+        tuning += (("hold_descriptors", True),) if HOLD_DESCRIPTORS_FORWARD else ()
         if dict(features).get("softcap", 0.0) > 0:
             every = softcap_exp2_poly_every()
             tuning += (("exp2_poly", every),) if every > 0 else ()
@@ -389,6 +398,8 @@ class Sm90Family(KernelFamily):
         if head_dim is None:
             return ()
         options = with_features((("deterministic", problem.deterministic),), problem, "backward")
+        if HOLD_DESCRIPTORS_BACKWARD and head_dim not in WIDE_BACKWARD_SPLIT_DIM:
+            options = tuple(sorted(options + (("hold_descriptors", True),)))
         if head_dim != problem.head_dim:
             # Padded as in the forward: TMA fills and clips the missing columns.
             options = tuple(sorted(options + (("dim", problem.head_dim),)))
