@@ -9,6 +9,7 @@ from cuteattn.arch import KNOWN_ARCHS, arch_from_name
 from cuteattn.kernels.family import KernelFamily
 from cuteattn.kernels.sm80.forward import FlashForwardSm80
 from cuteattn.kernels.sm80.tiling import SUPPORTED_HEAD_DIMS
+from cuteattn.kernels.sm90.family import HOLD_DESCRIPTORS_BACKWARD, HOLD_DESCRIPTORS_FORWARD
 from cuteattn.plan import (
     FAMILY_MODULES,
     KernelPlan,
@@ -41,6 +42,7 @@ def sm90_plan(
     options += (("q_stages", 1),) if one_q_stage else ()
     # d64 rescales O at every key tile (``default_eager_rescale``).
     options += (("eager_rescale", True),) if fields.get("head_dim", 128) <= 64 else ()
+    options += (("hold_descriptors", True),) if HOLD_DESCRIPTORS_FORWARD else ()
     base = dict(
         family="sm90", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
         tile_n=128, num_threads=384, num_stages=2,
@@ -398,7 +400,12 @@ def test_backward_plans_carry_the_deterministic_switch(family, arch):
         call = problem(deterministic=deterministic, arch=arch)
         plan = plan_backward(call, family=family)
         assert (plan.family, plan.kind) == (family, "backward")
-        assert plan.options == (("deterministic", deterministic),)
+        assert dict(plan.options).pop("deterministic") == deterministic
+        # The one other option a backward plan may carry (the sm90 family's switch).
+        held = family == "sm90" and HOLD_DESCRIPTORS_BACKWARD
+        assert plan.options == tuple(sorted(
+            (("deterministic", deterministic),) + ((("hold_descriptors", True),) if held else ())
+        ))
         check_plan(plan, call)
         with pytest.raises(ValueError, match=r"deterministic"):
             check_plan(plan, problem(deterministic=not deterministic, arch=arch))
@@ -584,13 +591,15 @@ def test_sm90_forward_rescales_o_eagerly_at_d64_only():
 
 
 def test_sm90_backward_holds_descriptors_only_where_asked_and_below_d192():
-    """Backward plans never carry ("hold_descriptors", ...) from the planner; the family runs
-    it (True or False) at d64-d128 and not on the wide kernels (d192, d256)."""
+    """Backward plans carry ("hold_descriptors", True) from the planner where
+    HOLD_DESCRIPTORS_BACKWARD says so (d64-d128 only); the family runs it (True or False) at
+    d64-d128 and not on the wide kernels (d192, d256)."""
     family = get_family("sm90")
     arch = arch_from_name("sm_90a")
     for head_dim in (64, 96, 128, 192, 256):
         plan = plan_backward(problem(head_dim=head_dim, head_dim_v=head_dim))
-        assert plan.option("hold_descriptors") is None
+        planned = True if HOLD_DESCRIPTORS_BACKWARD and head_dim <= 128 else None
+        assert plan.option("hold_descriptors") is planned, head_dim
         for held in (True, False):
             options = tuple(sorted(dict(plan.options, hold_descriptors=held).items()))
             implementable = family.can_implement(dataclasses.replace(plan, options=options), arch)
