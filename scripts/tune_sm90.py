@@ -50,7 +50,6 @@ from cuteattn.kernels.sm90.family import (
     HOLD_DESCRIPTORS_BACKWARD,
     HOLD_DESCRIPTORS_FORWARD,
     SM90_TILES,
-    WIDE_BACKWARD_SPLIT_DIM,
     keeps_one_q_stage,
 )
 from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_forward
@@ -217,9 +216,7 @@ def backward_name(plan: KernelPlan) -> str:
         f"bwd-{plan.tile_m}x{plan.tile_n}"
         + ("" if plan.family == "sm90" else f"-{plan.family}")
         + ("-det" if plan.option("deterministic", False) else "")
-        + held_suffix(
-            plan, HOLD_DESCRIPTORS_BACKWARD and plan.head_dim not in WIDE_BACKWARD_SPLIT_DIM
-        )
+        + held_suffix(plan, HOLD_DESCRIPTORS_BACKWARD)
     )
 
 
@@ -311,7 +308,7 @@ def main(argv=None) -> int:
                         "S = Q K^T is in flight (true), after the softmax (false), both, or as "
                         "the family chose (default)")
     parser.add_argument("--hold-descriptors", choices=("planner", *PERSISTENT_MODES),
-                        default="planner", help="plans (forward, and --mode bwd at d64-d128) "
+                        default="planner", help="plans (forward, or --mode bwd) "
                         "whose GEMM descriptors are computed once and held in registers (true), "
                         "rebuilt at each GEMM (false), both, or as the family chose (default)")
     parser.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",

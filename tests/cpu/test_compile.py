@@ -521,8 +521,12 @@ def test_forward_tuning_options_compile(case):
     assert compile_forward(plan) is not None, plan
 
 
-# The sm90 backward with its descriptors held in registers (a tuning option, d64-d128 only).
-BACKWARD_HELD_CASES = ((64, True, False), (96, False, False), (128, False, True))
+# The sm90 backward with its descriptors held in registers (a tuning option): d64-d128 and
+# the wide kernels (d192 splits the keys, d256 the head dim).
+BACKWARD_HELD_CASES = (
+    (64, True, False), (96, False, False), (128, False, True), (192, False, False),
+    (256, True, False),
+)
 
 
 @pytest.mark.compile

@@ -185,8 +185,7 @@ def test_eager_rescale_and_exp2_poly_candidates(tune):
 
 def test_held_backward_candidates(tune):
     """--mode bwd --hold-descriptors both: each backward tile with its descriptors held and
-    not, where the family runs it (not the wide d256 kernel); the suffix names the
-    departure from the family's default."""
+    not; the suffix names the departure from the family's default."""
     shape = Shape(dim=128, seqlen=4096, causal=False, batch=8, heads=16)
     plans = tune.backward_candidates(HOPPER, shape, "bf16", held_modes=(True, False))
     from cuteattn.kernels.sm90.family import HOLD_DESCRIPTORS_BACKWARD
@@ -196,4 +195,6 @@ def test_held_backward_candidates(tune):
         f"bwd-64x128{held}", f"bwd-64x128{unheld}", f"bwd-80x128{held}", f"bwd-80x128{unheld}"
     ]
     wide = Shape(dim=256, seqlen=4096, causal=False, batch=8, heads=8)
-    assert list(tune.backward_candidates(HOPPER, wide, "bf16", held_modes=(True,))) == []
+    assert list(tune.backward_candidates(HOPPER, wide, "bf16", held_modes=(True,))) == [
+        f"bwd-64x64{held}", f"bwd-64x48{held}"
+    ]

@@ -153,8 +153,8 @@ def default_eager_rescale(head_dim: int) -> bool:
 
 
 # Whether plans hold the GEMMs' shared-memory descriptors in registers
-# (``warpgroup.HeldStages``; the plan option ("hold_descriptors", True)): forward at every head
-# dim, backward at d64-d128. Off until timed (docs/PERF.md, twentieth session: fewer key-loop
+# (``warpgroup.HeldStages``; the plan option ("hold_descriptors", True)), forward and
+# backward, every head dim. Off until timed (docs/PERF.md, twentieth session: fewer key-loop
 # instructions in every variant, spill-free).
 HOLD_DESCRIPTORS_FORWARD = False
 HOLD_DESCRIPTORS_BACKWARD = False
@@ -398,7 +398,7 @@ class Sm90Family(KernelFamily):
         if head_dim is None:
             return ()
         options = with_features((("deterministic", problem.deterministic),), problem, "backward")
-        if HOLD_DESCRIPTORS_BACKWARD and head_dim not in WIDE_BACKWARD_SPLIT_DIM:
+        if HOLD_DESCRIPTORS_BACKWARD:
             options = tuple(sorted(options + (("hold_descriptors", True),)))
         if head_dim != problem.head_dim:
             # Padded as in the forward: TMA fills and clips the missing columns.
@@ -439,11 +439,7 @@ class Sm90Family(KernelFamily):
                     {"deterministic"}, {"deterministic", "hold_descriptors"},
                 )
                 and isinstance(plan.option("deterministic"), bool)
-                # A tuning option (off in every plan the planner makes) of the d64-d128 kernel.
                 and type(plan.option("hold_descriptors")) in (type(None), bool)
-                and not (
-                    plan.option("hold_descriptors") and plan.head_dim in WIDE_BACKWARD_SPLIT_DIM
-                )
                 and features_well_formed(plan)
                 and plan.num_threads == BACKWARD_THREADS
                 and (plan.tile_m, plan.tile_n, plan.num_stages) in BACKWARD_TILES[plan.head_dim]
@@ -530,12 +526,10 @@ class Sm90Family(KernelFamily):
             else:
                 from cuteattn.kernels.sm90.backward import FlashBackwardSm90
 
-            held = {}
-            if plan.option("hold_descriptors", False):
-                # The wide kernels' own consumer loop does not hold them (can_implement).
-                assert plan.head_dim not in WIDE_BACKWARD_SPLIT_DIM, plan
-                held = {"hold_descriptors": True}
-            return FlashBackwardSm90(**sizes, deterministic=plan.option("deterministic"), **held)
+            return FlashBackwardSm90(
+                **sizes, deterministic=plan.option("deterministic"),
+                hold_descriptors=bool(plan.option("hold_descriptors", False)),
+            )
         from cuteattn.kernels.sm90.forward import FlashForwardSm90
 
         return FlashForwardSm90(
