@@ -50,6 +50,7 @@ from cuteattn.kernels.sm90.family import (
     HOLD_DESCRIPTORS_BACKWARD,
     HOLD_DESCRIPTORS_FORWARD,
     SM90_TILES,
+    default_eager_rescale,
     keeps_one_q_stage,
 )
 from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_forward
@@ -103,22 +104,29 @@ def candidate_name(plan: KernelPlan) -> str:
     packed = f"-pack{group}" if group > 1 else ""
     one_q = "-q1" if plan.option("q_stages") == 1 else ""
     poly = f"-poly{plan.option('exp2_poly')}" if plan.option("exp2_poly") else ""
-    eager = {True: "-eager", False: "-lazy", None: ""}[plan.option("eager_rescale")]
-    early = {True: "-early", False: "-late", None: ""}[plan.option("rescale_before_pv")]
-    held = held_suffix(plan, HOLD_DESCRIPTORS_FORWARD)
+    # Each switch named where the plan departs from the family's default (so the planner's
+    # own plan carries no suffix and is named like its candidate).
+    eager = switch_suffix(
+        plan, "eager_rescale", default_eager_rescale(plan.head_dim), ("-eager", "-lazy")
+    )
+    early = switch_suffix(
+        plan, "rescale_before_pv", (plan.option("dim_v") or plan.head_dim) > 128,
+        ("-early", "-late"),
+    )
+    held = switch_suffix(plan, "hold_descriptors", HOLD_DESCRIPTORS_FORWARD, ("-held", "-unheld"))
     return (
         f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}{poly}{eager}{early}"
         f"{held}"
     )
 
 
-def held_suffix(plan: KernelPlan, default: bool) -> str:
-    """"-held" / "-unheld" where the plan's descriptors are held or not against the family's
-    default, "" where they follow it (the planner's own plans)."""
-    held = bool(plan.option("hold_descriptors", default))
-    if held == default:
+def switch_suffix(plan: KernelPlan, option: str, default: bool, names: tuple) -> str:
+    """names[0] / names[1] where the plan turns ``option`` on / off against the family's
+    ``default``, "" where it follows it."""
+    value = bool(plan.option(option, default))
+    if value == default:
         return ""
-    return "-held" if held else "-unheld"
+    return names[0] if value else names[1]
 
 
 def with_options(
@@ -216,7 +224,9 @@ def backward_name(plan: KernelPlan) -> str:
         f"bwd-{plan.tile_m}x{plan.tile_n}"
         + ("" if plan.family == "sm90" else f"-{plan.family}")
         + ("-det" if plan.option("deterministic", False) else "")
-        + held_suffix(plan, HOLD_DESCRIPTORS_BACKWARD)
+        + switch_suffix(
+            plan, "hold_descriptors", HOLD_DESCRIPTORS_BACKWARD, ("-held", "-unheld")
+        )
     )
 
 
