@@ -152,14 +152,6 @@ def default_eager_rescale(head_dim: int) -> bool:
     return head_dim <= 64
 
 
-# Whether plans hold the GEMMs' shared-memory descriptors in registers
-# (``warpgroup.HeldStages``; the plan option ("hold_descriptors", True)), forward and
-# backward, every head dim. Off until timed (docs/PERF.md, twentieth session: fewer key-loop
-# instructions in every variant, spill-free).
-HOLD_DESCRIPTORS_FORWARD = False
-HOLD_DESCRIPTORS_BACKWARD = False
-
-
 def default_pingpong(head_dim: int, tile_m: int) -> bool:
     """Ping-pong pays where softmax is a large share of a tile's time (head dims up to 128)."""
     return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
@@ -333,7 +325,6 @@ class Sm90Family(KernelFamily):
         tuning = (("dynamic", True),) if dynamic else ()
         tuning += (("q_stages", 1),) if one_q_stage else ()
         tuning += (("eager_rescale", True),) if default_eager_rescale(head_dim) else ()
-        tuning += (("hold_descriptors", True),) if HOLD_DESCRIPTORS_FORWARD else ()
         if dict(features).get("softcap", 0.0) > 0:
             every = softcap_exp2_poly_every()
             tuning += (("exp2_poly", every),) if every > 0 else ()
@@ -398,8 +389,6 @@ class Sm90Family(KernelFamily):
         if head_dim is None:
             return ()
         options = with_features((("deterministic", problem.deterministic),), problem, "backward")
-        if HOLD_DESCRIPTORS_BACKWARD:
-            options = tuple(sorted(options + (("hold_descriptors", True),)))
         if head_dim != problem.head_dim:
             # Padded as in the forward: TMA fills and clips the missing columns.
             options = tuple(sorted(options + (("dim", problem.head_dim),)))
@@ -435,11 +424,8 @@ class Sm90Family(KernelFamily):
                 and self.supports(arch)
                 and plan.dtype in DTYPES
                 and plan.head_dim in BACKWARD_HEAD_DIMS
-                and {name for name, _ in family_options(plan)} in (
-                    {"deterministic"}, {"deterministic", "hold_descriptors"},
-                )
+                and len(family_options(plan)) == 1
                 and isinstance(plan.option("deterministic"), bool)
-                and type(plan.option("hold_descriptors")) in (type(None), bool)
                 and features_well_formed(plan)
                 and plan.num_threads == BACKWARD_THREADS
                 and (plan.tile_m, plan.tile_n, plan.num_stages) in BACKWARD_TILES[plan.head_dim]
@@ -459,11 +445,7 @@ class Sm90Family(KernelFamily):
             and self.supports(arch)
             and plan.dtype in DTYPES
             and tuple(
-                name for name in names
-                if name not in (
-                    "dynamic", "q_stages", "eager_rescale", "rescale_before_pv",
-                    "hold_descriptors",
-                )
+                name for name in names if name not in ("dynamic", "q_stages", "eager_rescale")
             ) in (
                 ("pack_gqa", "persistent", "pingpong"),
                 ("exp2_poly", "pack_gqa", "persistent", "pingpong"),
@@ -478,8 +460,6 @@ class Sm90Family(KernelFamily):
                 and bool(plan.option("persistent"))
             ))
             and type(plan.option("eager_rescale")) in (type(None), bool)
-            and type(plan.option("rescale_before_pv")) in (type(None), bool)
-            and type(plan.option("hold_descriptors")) in (type(None), bool)
             and (plan.option("exp2_poly") is None or (
                 type(plan.option("exp2_poly")) is int and plan.option("exp2_poly") > 0
             ))
@@ -526,10 +506,7 @@ class Sm90Family(KernelFamily):
             else:
                 from cuteattn.kernels.sm90.backward import FlashBackwardSm90
 
-            return FlashBackwardSm90(
-                **sizes, deterministic=plan.option("deterministic"),
-                hold_descriptors=bool(plan.option("hold_descriptors", False)),
-            )
+            return FlashBackwardSm90(**sizes, deterministic=plan.option("deterministic"))
         from cuteattn.kernels.sm90.forward import FlashForwardSm90
 
         return FlashForwardSm90(
@@ -537,8 +514,6 @@ class Sm90Family(KernelFamily):
             pingpong=plan.option("pingpong"),
             exp2_poly_every=plan.option("exp2_poly", 0),
             eager_rescale=bool(plan.option("eager_rescale", False)),
-            rescale_before_pv=plan.option("rescale_before_pv"),
-            hold_descriptors=bool(plan.option("hold_descriptors", False)),
             persistent=plan.option("persistent"),
             dynamic=self.uses_tile_counter(plan),
             separate_o=tiling.separate_o_fits(
