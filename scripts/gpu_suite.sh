@@ -6,10 +6,10 @@
 #
 # Kernel compiles dominate a GPU test run and use one CPU core each, so each group runs as
 # several pytest processes at once, its shards: one per family and "rest" for the tests no
-# other shard selects (those that name no family). SHARDS=2 also splits by
-# dtype, SHARDS=4 by dtype and then by whether the test id holds "True" (the long groups then
-# fit one call: 9 processes); SHARDS=0 runs each group as one process, one group after another. K (or K_<group>)
-# adds a -k expression. Each process runs under GROUP_TIMEOUT seconds (default 540) and is then
+# other shard selects (those that name no family). SHARDS=2 also splits by dtype, SHARDS=4 by
+# dtype and then by whether the test id holds "True" (the long groups then fit one call: 9
+# processes); SHARDS=0 runs each group as one process, one group after another. K (or
+# K_<group>) adds a -k expression. Each process runs under GROUP_TIMEOUT seconds (default 540) and is then
 # interrupted with SIGINT, so that pytest still prints which tests failed and why. The log of
 # each shard is <group>-<shard>.log in $OUT/gpu-logs.tgz; the summary prints the failures' first lines.
 set -uo pipefail
