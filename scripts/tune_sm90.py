@@ -46,7 +46,12 @@ from cuteattn.bench.runner import (
     run_benchmark,
 )
 from cuteattn.kernels.sm90 import tiling
-from cuteattn.kernels.sm90.family import SM90_TILES, default_eager_rescale, keeps_one_q_stage
+from cuteattn.kernels.sm90.family import (
+    SM90_TILES,
+    default_eager_rescale,
+    default_hold_descriptors,
+    keeps_one_q_stage,
+)
 from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_forward
 from cuteattn.runtime.arch import device_arch
 
@@ -98,12 +103,22 @@ def candidate_name(plan: KernelPlan) -> str:
     packed = f"-pack{group}" if group > 1 else ""
     one_q = "-q1" if plan.option("q_stages") == 1 else ""
     poly = f"-poly{plan.option('exp2_poly')}" if plan.option("exp2_poly") else ""
-    # Named where the plan departs from the family's default (so the planner's own plan
-    # carries no suffix and is named like its candidate).
+    # Each switch named where the plan departs from the family's default (so the planner's
+    # own plan carries no suffix and is named like its candidate).
     eager = switch_suffix(
         plan, "eager_rescale", default_eager_rescale(plan.head_dim), ("-eager", "-lazy")
     )
-    return f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}{poly}{eager}"
+    early = switch_suffix(
+        plan, "rescale_before_pv", (plan.option("dim_v") or plan.head_dim) > 128,
+        ("-early", "-late"),
+    )
+    held = switch_suffix(
+        plan, "hold_descriptors", default_hold_descriptors(plan.head_dim), ("-held", "-unheld")
+    )
+    return (
+        f"{plan.tile_m}x{plan.tile_n}x{plan.num_stages}-{mode}{packed}{one_q}{poly}{eager}{early}"
+        f"{held}"
+    )
 
 
 def switch_suffix(plan: KernelPlan, option: str, default: bool, names: tuple) -> str:
@@ -115,27 +130,38 @@ def switch_suffix(plan: KernelPlan, option: str, default: bool, names: tuple) ->
     return names[0] if value else names[1]
 
 
-def with_options(plan: KernelPlan, exp2_poly: int, eager_rescale: bool | None) -> KernelPlan:
-    """``plan`` with every ``exp2_poly``-th exponential on the FMA pipe (0: none) and O
-    rescaled eagerly or lazily (None: as the family chose)."""
+def with_options(
+    plan: KernelPlan, exp2_poly: int, eager_rescale: bool | None,
+    rescale_before_pv: bool | None = None, hold_descriptors: bool | None = None,
+) -> KernelPlan:
+    """``plan`` with every ``exp2_poly``-th exponential on the FMA pipe (0: none), O rescaled
+    eagerly or lazily, before the next P V or after the softmax, and the GEMM descriptors held
+    in registers or not (None: as the family chose)."""
     options = dict(plan.options)
     if exp2_poly:
         options["exp2_poly"] = exp2_poly
     if eager_rescale is not None:
         options["eager_rescale"] = eager_rescale
+    if rescale_before_pv is not None:
+        options["rescale_before_pv"] = rescale_before_pv
+    if hold_descriptors is not None:
+        options["hold_descriptors"] = hold_descriptors
     return dataclasses.replace(plan, options=tuple(sorted(options.items())))
 
 
 def candidates(
     arch, shape: Shape, dtype: str, tiles, persistent_modes, pack_modes=(False,),
-    one_q_stage_modes=None, exp2_poly=(0,), eager_modes=(None,),
+    one_q_stage_modes=None, exp2_poly=(0,), eager_modes=(None,), early_modes=(None,),
+    held_modes=(None,),
 ) -> tuple[dict, list]:
     """The plans to time for ``shape`` by name, and the names of those the family cannot
     implement on ``arch``; ``one_q_stage_modes`` (True): persistent plans that would take two
     Q stages are timed with one ("-q1"); None: as the planner chooses (``keeps_one_q_stage``);
     ``exp2_poly``: each plan with every that-many-th exponential on the FMA pipe (0: none);
     ``eager_modes``: each plan with O rescaled at every key tile (True, "-eager"), lazily
-    (False, "-lazy") or as the family chose (None)."""
+    (False, "-lazy") or as the family chose (None); ``early_modes``: likewise, O rescaled
+    while the next S is in flight (True, "-early") or after the softmax (False, "-late");
+    ``held_modes``: likewise, the GEMM descriptors held in registers ("-held") or not."""
     if one_q_stage_modes is None:
         one_q_stage_modes = (keeps_one_q_stage(shape.dim, shape.causal, None),)
     family = get_family("sm90")
@@ -165,8 +191,9 @@ def candidates(
                     features=(("lse", False),),
                 )
                 for plan in (
-                    with_options(base, every, eager)
-                    for every in exp2_poly for eager in eager_modes
+                    with_options(base, every, eager, early, held)
+                    for every in exp2_poly for eager in eager_modes for early in early_modes
+                    for held in held_modes
                 ):
                     if family.can_implement(plan, arch):
                         plans[candidate_name(plan)] = plan
@@ -198,21 +225,32 @@ def backward_name(plan: KernelPlan) -> str:
         f"bwd-{plan.tile_m}x{plan.tile_n}"
         + ("" if plan.family == "sm90" else f"-{plan.family}")
         + ("-det" if plan.option("deterministic", False) else "")
+        + switch_suffix(
+            plan, "hold_descriptors", default_hold_descriptors(plan.head_dim, "backward"),
+            ("-held", "-unheld"),
+        )
     )
 
 
 def backward_candidates(
-    arch, shape: Shape, dtype: str, tile_ms=None, family: str = "sm90", deterministic=(False,)
+    arch, shape: Shape, dtype: str, tile_ms=None, family: str = "sm90", deterministic=(False,),
+    held_modes=(None,),
 ) -> dict:
     """A family's backward plans for ``shape`` by name: every one it offers and can implement
-    on ``arch``, or those whose tile_m is in ``tile_ms``; for each of ``deterministic``."""
+    on ``arch``, or those whose tile_m is in ``tile_ms``; for each of ``deterministic``, and
+    with the GEMM descriptors held in registers or not (``held_modes``; None: as offered)."""
     family = get_family(family)
-    return {
-        backward_name(plan): plan
-        for det in deterministic
-        for plan in family.backward_candidates(shape_problem(arch, shape, dtype, det))
-        if family.can_implement(plan, arch) and (tile_ms is None or plan.tile_m in tile_ms)
-    }
+    plans = {}
+    for det in deterministic:
+        for offered in family.backward_candidates(shape_problem(arch, shape, dtype, det)):
+            for held in held_modes:
+                plan = offered
+                if held is not None:
+                    options = tuple(sorted(dict(offered.options, hold_descriptors=held).items()))
+                    plan = dataclasses.replace(offered, options=options)
+                if family.can_implement(plan, arch) and (tile_ms is None or plan.tile_m in tile_ms):
+                    plans[backward_name(plan)] = plan
+    return plans
 
 
 def backward_plan_binder(plan: KernelPlan):
@@ -277,6 +315,14 @@ def main(argv=None) -> int:
     parser.add_argument("--eager-rescale", choices=("planner", *PERSISTENT_MODES),
                         default="planner", help="forward: plans that rescale O at every key "
                         "tile (true), lazily (false), both, or as the family chose (default)")
+    parser.add_argument("--rescale-before-pv", choices=("planner", *PERSISTENT_MODES),
+                        default="planner", help="forward: plans that rescale O while the next "
+                        "S = Q K^T is in flight (true), after the softmax (false), both, or as "
+                        "the family chose (default)")
+    parser.add_argument("--hold-descriptors", choices=("planner", *PERSISTENT_MODES),
+                        default="planner", help="plans (forward, or --mode bwd) "
+                        "whose GEMM descriptors are computed once and held in registers (true), "
+                        "rebuilt at each GEMM (false), both, or as the family chose (default)")
     parser.add_argument("--mode", choices=("fwd", "bwd"), default="fwd",
                         help="time forward plans (default) or backward plans")
     parser.add_argument("--family", choices=("sm90", "sm80"), default="sm90",
@@ -317,6 +363,8 @@ def main(argv=None) -> int:
             arch, shape, args.dtype, args.tiles, PERSISTENT_MODES[args.persistent],
             PERSISTENT_MODES[args.pack_gqa], PERSISTENT_MODES.get(args.one_q_stage),
             args.exp2_poly, PERSISTENT_MODES.get(args.eager_rescale, (None,)),
+            PERSISTENT_MODES.get(args.rescale_before_pv, (None,)),
+            PERSISTENT_MODES.get(args.hold_descriptors, (None,)),
         )
         if skipped:
             log_to_stderr(f"{shape.label()}: sm90 cannot implement {', '.join(skipped)} on {arch.name}; skipped")
@@ -341,7 +389,8 @@ def tune_backward(args, shapes, arch, peers) -> int:
     peers = {name: backward_binder(bind) for name, bind in peers.items()}
     for shape in shapes:
         plans = backward_candidates(
-            arch, shape, args.dtype, args.bwd_tile_m, args.family, deterministic
+            arch, shape, args.dtype, args.bwd_tile_m, args.family, deterministic,
+            PERSISTENT_MODES.get(args.hold_descriptors, (None,)),
         )
         if not plans:
             print(f"d{shape.dim} s{shape.seqlen} causal={shape.causal}: no backward candidate", flush=True)

@@ -491,6 +491,65 @@ def test_persistent_forward_without_an_o_buffer_compiles(case):
     assert compile_forward(plan) is not None, plan
 
 
+# The sm90 forward's tuning options that are off in every default plan (tune_sm90 times them):
+# descriptors held in registers (d64 two Q stages, d128 causal dynamic, d256 O in V, varlen),
+# O rescaled before the next P V.
+TUNING_OPTION_CASES = (
+    (64, False, False, {"hold_descriptors": True}),
+    (128, True, False, {"hold_descriptors": True}),
+    (256, False, False, {"hold_descriptors": True}),
+    (128, False, True, {"hold_descriptors": True, "rescale_before_pv": True}),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "case", TUNING_OPTION_CASES,
+    ids=lambda c: f"sm90-sm_90a-d{c[0]}-{'causal' if c[1] else 'full'}"
+    + ("-varlen" if c[2] else "") + "-" + "-".join(c[3]),
+)
+def test_forward_tuning_options_compile(case):
+    head_dim, causal, varlen, extra = case
+    arch = arch_from_name("sm_90a")
+    problem = Problem(
+        batch=2, seqlen_q=4096, seqlen_k=4096, heads_q=8, heads_kv=8, head_dim=head_dim,
+        head_dim_v=head_dim, dtype="bf16", causal=causal, arch=arch, varlen=varlen,
+    )
+    plan = plan_forward(problem, family="sm90")
+    plan = dataclasses.replace(plan, options=tuple(sorted((dict(plan.options) | extra).items())))
+    assert get_family("sm90").can_implement(plan, arch), plan
+    assert compile_forward(plan) is not None, plan
+
+
+# The sm90 backward with its descriptors held in registers (a tuning option): d64-d128 and
+# the wide kernels (d192 splits the keys, d256 the head dim).
+BACKWARD_HELD_CASES = (
+    (64, True, False), (96, False, False), (128, False, True), (192, False, False),
+    (256, True, False),
+)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "case", BACKWARD_HELD_CASES,
+    ids=lambda c: f"sm90-sm_90a-d{c[0]}-{'causal' if c[1] else 'full'}"
+    + ("-deterministic" if c[2] else "") + "-held",
+)
+def test_backward_with_held_descriptors_compiles(case):
+    head_dim, causal, deterministic = case
+    arch = arch_from_name("sm_90a")
+    problem = Problem(
+        batch=2, seqlen_q=4096, seqlen_k=4096, heads_q=8, heads_kv=2, head_dim=head_dim,
+        head_dim_v=head_dim, dtype="bf16", causal=causal, arch=arch,
+        deterministic=deterministic,
+    )
+    plan = plan_backward(problem, family="sm90")
+    options = tuple(sorted(dict(plan.options, hold_descriptors=True).items()))
+    plan = dataclasses.replace(plan, options=options)
+    assert get_family("sm90").can_implement(plan, arch), plan
+    assert compile_backward(plan) is not None, plan
+
+
 def test_ptxas_options_join_the_compile_options():
     """``CUTEATTN_PTXAS_OPTIONS`` (benchmarks) reaches ``cute.compile`` as --ptxas-options;
     unset, the options are the defaults."""

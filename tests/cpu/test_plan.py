@@ -39,8 +39,10 @@ def sm90_plan(
 ):
     options = (("pack_gqa", pack_gqa), ("persistent", persistent), ("pingpong", pingpong))
     options += (("q_stages", 1),) if one_q_stage else ()
-    # d64 rescales O at every key tile (``default_eager_rescale``).
-    options += (("eager_rescale", True),) if fields.get("head_dim", 128) <= 64 else ()
+    # d64 rescales O at every key tile (``default_eager_rescale``) and holds its GEMM
+    # descriptors in registers (``default_hold_descriptors``).
+    if fields.get("head_dim", 128) <= 64:
+        options += (("eager_rescale", True), ("hold_descriptors", True))
     base = dict(
         family="sm90", arch="sm_90a", dtype="bf16", head_dim=128, causal=False, tile_m=128,
         tile_n=128, num_threads=384, num_stages=2,
@@ -398,7 +400,13 @@ def test_backward_plans_carry_the_deterministic_switch(family, arch):
         call = problem(deterministic=deterministic, arch=arch)
         plan = plan_backward(call, family=family)
         assert (plan.family, plan.kind) == (family, "backward")
-        assert plan.options == (("deterministic", deterministic),)
+        assert dict(plan.options).pop("deterministic") == deterministic
+        # The one other option a backward plan may carry: the sm90 family holds its GEMM
+        # descriptors up to d128 (``default_hold_descriptors``).
+        held = family == "sm90"
+        assert plan.options == tuple(sorted(
+            (("deterministic", deterministic),) + ((("hold_descriptors", True),) if held else ())
+        ))
         check_plan(plan, call)
         with pytest.raises(ValueError, match=r"deterministic"):
             check_plan(plan, problem(deterministic=not deterministic, arch=arch))
@@ -562,19 +570,41 @@ def test_softcap_forward_plans_share_exponentials_with_the_fma_pipe(monkeypatch)
 
 def test_sm90_forward_rescales_o_eagerly_at_d64_only():
     """d64 forward plans carry ("eager_rescale", True) (``default_eager_rescale``), the others
-    rescale lazily; either way, and an exp2 share without softcap, are plans the family can
-    run (tune_sm90 times them); a non-bool value is not."""
+    rescale lazily; either way, O rescaled before the next P V or after the softmax, the GEMM
+    descriptors held in registers or not, and an exp2 share without softcap, are plans the
+    family can run (tune_sm90 times them); a non-bool value is not."""
     family = get_family("sm90")
     arch = arch_from_name("sm_90a")
     for head_dim in (8, 40, 64, 96, 128, 192, 256):
         plan = plan_forward(problem(head_dim=head_dim, head_dim_v=head_dim))
         assert plan.option("eager_rescale") is (True if head_dim <= 64 else None), head_dim
     plan = plan_forward(problem())
-    for extra in ({"eager_rescale": True}, {"eager_rescale": False}, {"exp2_poly": 8}):
+    for extra in (
+        {"eager_rescale": True}, {"eager_rescale": False}, {"exp2_poly": 8},
+        {"rescale_before_pv": True}, {"rescale_before_pv": False},
+        {"hold_descriptors": True}, {"hold_descriptors": False},
+    ):
         options = tuple(sorted((dict(plan.options) | extra).items()))
         assert family.can_implement(dataclasses.replace(plan, options=options), arch), extra
-    options = tuple(sorted((dict(plan.options) | {"eager_rescale": 1}).items()))
-    assert not family.can_implement(dataclasses.replace(plan, options=options), arch)
+    for bad in ({"eager_rescale": 1}, {"rescale_before_pv": "yes"}, {"hold_descriptors": 0}):
+        options = tuple(sorted((dict(plan.options) | bad).items()))
+        assert not family.can_implement(dataclasses.replace(plan, options=options), arch), bad
+
+
+def test_sm90_backward_holds_descriptors_up_to_d128():
+    """Backward plans carry ("hold_descriptors", True) from the planner up to d128
+    (``default_hold_descriptors``); the family runs either value at every head dim (the wide
+    d192 / d256 kernels too) and refuses a non-bool."""
+    family = get_family("sm90")
+    arch = arch_from_name("sm_90a")
+    for head_dim in (64, 96, 128, 192, 256):
+        plan = plan_backward(problem(head_dim=head_dim, head_dim_v=head_dim))
+        planned = True if head_dim <= 128 else None
+        assert plan.option("hold_descriptors") is planned, head_dim
+        for held in (True, False, 1):
+            options = tuple(sorted(dict(plan.options, hold_descriptors=held).items()))
+            implementable = family.can_implement(dataclasses.replace(plan, options=options), arch)
+            assert implementable is (type(held) is bool), (head_dim, held)
 
 
 def test_dynamic_tile_counter_only_for_persistent_fixed_length_causal_or_window_forwards():

@@ -147,9 +147,10 @@ def test_rows_too_large_for_the_gpu_are_refused_before_any_run(tune, capsys):
 
 
 def test_eager_rescale_and_exp2_poly_candidates(tune):
-    """--eager-rescale both / --exp2-poly: each tile's plan rescaling O eagerly and lazily, and
-    with a share of exponentials on the FMA pipe; a suffix names only a departure from the
-    family's default, so the planner's plan is named like its candidate (d64: eager)."""
+    """--eager-rescale both / --rescale-before-pv both / --hold-descriptors both / --exp2-poly:
+    each tile's plan with the switch on and off, and with a share of exponentials on the FMA
+    pipe; a suffix names only a departure from the family's default, so the planner's plan is
+    named like its candidate (d64: eager, O rescaled after the softmax, descriptors held)."""
     shape = Shape(dim=64, seqlen=4096, causal=False, batch=8, heads=32)
     plans, skipped = tune.candidates(
         HOPPER, shape, "bf16", [(192, 128, 2)], (True,), exp2_poly=(0, 8), eager_modes=(True, False)
@@ -161,6 +162,17 @@ def test_eager_rescale_and_exp2_poly_candidates(tune):
     ]
     assert plans["192x128x2-persistent-lazy"].option("eager_rescale") is False
     assert plans["192x128x2-persistent-poly8"].option("exp2_poly") == 8
+    timed, _ = tune.candidates(
+        HOPPER, shape, "bf16", [(192, 128, 2)], (True,), early_modes=(True, False)
+    )
+    assert list(timed) == ["192x128x2-persistent-early", "192x128x2-persistent"]
+    assert timed["192x128x2-persistent"].option("rescale_before_pv") is False
+    held, _ = tune.candidates(
+        HOPPER, shape, "bf16", [(192, 128, 2)], (True,), held_modes=(True, False)
+    )
+    held_name, unheld_name = "192x128x2-persistent", "192x128x2-persistent-unheld"
+    assert list(held) == [held_name, unheld_name]
+    assert held[held_name].option("hold_descriptors") is True
     default, _ = tune.candidates(HOPPER, shape, "bf16", [(192, 128, 2)], (True,))
     assert list(default) == ["192x128x2-persistent"]
     assert tune.planner_choice(HOPPER, shape, "bf16") in default
@@ -170,3 +182,16 @@ def test_eager_rescale_and_exp2_poly_candidates(tune):
     )
     assert list(lazy_default) == ["128x128x2-persistent-q1-eager", "128x128x2-persistent-q1"]
     assert tune.planner_choice(HOPPER, wide, "bf16") in lazy_default
+
+
+def test_held_backward_candidates(tune):
+    """--mode bwd --hold-descriptors both: each backward tile with its descriptors held and
+    not; the suffix names the departure from the family's default (held up to d128)."""
+    shape = Shape(dim=128, seqlen=4096, causal=False, batch=8, heads=16)
+    plans = tune.backward_candidates(HOPPER, shape, "bf16", held_modes=(True, False))
+    assert list(plans) == ["bwd-64x128", "bwd-64x128-unheld", "bwd-80x128", "bwd-80x128-unheld"]
+    assert plans["bwd-64x128"].option("hold_descriptors") is True
+    wide = Shape(dim=256, seqlen=4096, causal=False, batch=8, heads=8)
+    assert list(tune.backward_candidates(HOPPER, wide, "bf16", held_modes=(True,))) == [
+        "bwd-64x64-held", "bwd-64x48-held"
+    ]

@@ -1,11 +1,11 @@
 """PTX the DSL does not offer, as LLVM inline assembly on DSL scalars (one place for the
 boilerplate of ``llvm.inline_asm``)."""
 
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
 
-_IR_TYPES = {Int32: T.i32, Float32: T.f32}
+_IR_TYPES = {Int32: T.i32, Float32: T.f32, Int64: T.i64}
 
 
 def inline_ptx(result_type, operands, text: str, constraints: str, *, side_effects: bool,

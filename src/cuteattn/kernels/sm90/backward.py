@@ -97,7 +97,14 @@ from cuteattn.kernels.sm90.family import (
 )
 from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
 from cuteattn.kernels.sm90.smem import permuted, smem_layout, tma_tile, zero_rows_from
-from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm, tma_pipeline
+from cuteattn.kernels.sm90.warpgroup import (
+    THREADS_PER_WARPGROUP,
+    HeldStages,
+    gemm,
+    hold_base,
+    operand_stage,
+    tma_pipeline,
+)
 
 KEYS_PER_WARPGROUP = 64
 NUM_CONSUMER_WGS = 2
@@ -136,11 +143,17 @@ assert DQ_SECOND_SLOT == BackwardBarrier.DQ_FULL_SECOND - BackwardBarrier.DQ_FUL
 
 
 class FlashBackwardSm90(AttentionKernel):
-    def __init__(self, *, num_stages: int, deterministic: bool = False, **shape):
-        """shape: ``AttentionKernel``'s fields."""
+    def __init__(
+        self, *, num_stages: int, deterministic: bool = False, hold_descriptors: bool = False,
+        **shape,
+    ):
+        """hold_descriptors: the GEMMs' shared-memory descriptors computed once per kernel
+        and kept in registers (``warpgroup.HeldStages``). shape: ``AttentionKernel``'s
+        fields."""
         super().__init__(**shape)
         self.num_stages = num_stages
         self.deterministic = deterministic
+        self.hold_descriptors = hold_descriptors
         self.num_consumer_threads = NUM_CONSUMER_WGS * THREADS_PER_WARPGROUP
         self.num_threads = (1 + NUM_CONSUMER_WGS) * THREADS_PER_WARPGROUP
         self.consumer_regs, self.producer_regs = 240, 24
@@ -895,6 +908,10 @@ class FlashBackwardSm90(AttentionKernel):
         else:
             tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(transposed(sdSt_dq)))
             tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(transposed(sK_dq)))
+        if cutlass.const_expr(self.hold_descriptors):
+            tSrK, tdPrV, tdQrK = hold_base(tSrK), hold_base(tdPrV), hold_base(tdQrK)
+            tSrQ, tdPrdO, tdQrdS = HeldStages(tSrQ), HeldStages(tdPrdO), HeldStages(tdQrdS)
+            tdVrdOt, tdKrQt = HeldStages(tdVrdOt), HeldStages(tdKrQt)
         # This thread's places in its warpgroup's buffer (fragment order; d96: warpgroup 0's,
         # the only one).
         dq_values = cute.size(thr_dq.partition_shape_C(dq_tile))
@@ -940,12 +957,12 @@ class FlashBackwardSm90(AttentionKernel):
                     sQ, sdO, pipeline_do, state, seqlen, m_block
                 )
             acc_St = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
-            gemm(tiled_mma_sdp, acc_St, tSrK, tSrQ[None, None, None, state.index],
+            gemm(tiled_mma_sdp, acc_St, tSrK, operand_stage(tSrQ, state.index),
                  zero_init=True, wait_groups=-1)
             lse_cols = self.column_stats(sLSE, state.index, lane, st_coords)
             pipeline_do.consumer_wait(state, pipeline_do.consumer_try_wait(state))
             acc_dPt = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
-            gemm(tiled_mma_sdp, acc_dPt, tdPrV, tdPrdO[None, None, None, state.index],
+            gemm(tiled_mma_sdp, acc_dPt, tdPrV, operand_stage(tdPrdO, state.index),
                  zero_init=True, wait_groups=1)
 
             # 2. soft-cap, mask (only tiles that hold a hidden key), P^T from the forward's lse
@@ -973,7 +990,7 @@ class FlashBackwardSm90(AttentionKernel):
                 # WGMMA issue), and dV runs while dS^T is formed.
                 # Only the first half of its k-blocks: the second goes out with dS^T (below),
                 # in flight while the warpgroups meet before dQ.
-                gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
+                gemm(tiled_mma_dkv, acc_dV, tdVrPt, operand_stage(tdVrdOt, state.index),
                      zero_init=False, wait_groups=1, k_blocks=self.dv_first_k_blocks)
             else:
                 if cutlass.const_expr(self.early_dpsum):
@@ -1000,10 +1017,10 @@ class FlashBackwardSm90(AttentionKernel):
             cute.copy(stmatrix, store_dst.retile(as_accumulator(tdKrdSt, acc_dPt)),
                       tdSsdSt[None, None, None, ds_stage])
             if cutlass.const_expr(self.dv_after_ds):
-                gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
+                gemm(tiled_mma_dkv, acc_dV, tdVrPt, operand_stage(tdVrdOt, state.index),
                      zero_init=False, wait_groups=-1)
             elif cutlass.const_expr(self.dv_first_k_blocks is not None):
-                gemm(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, state.index],
+                gemm(tiled_mma_dkv, acc_dV, tdVrPt, operand_stage(tdVrdOt, state.index),
                      zero_init=False, wait_groups=-1,
                      k_blocks=tuple(range(len(self.dv_first_k_blocks), self.tile_m // 16)))
 
@@ -1035,7 +1052,7 @@ class FlashBackwardSm90(AttentionKernel):
                     )
                 else:
                     # 3'. dK += dS^T Q; dV is done once at most dK is in flight.
-                    gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
+                    gemm(tiled_mma_dkv, acc_dK, tdKrdSt, operand_stage(tdKrQt, state.index),
                          zero_init=False, wait_groups=1)
                     pipeline_do.consumer_release(state)
                     warpgroup.wait_group(0)
@@ -1062,13 +1079,13 @@ class FlashBackwardSm90(AttentionKernel):
         returns with every WGMMA of the step complete (traced inline: plain Python)."""
         acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C(dq_tile), Float32)
         if cutlass.const_expr(self.dq_transposed):
-            gemm(tiled_mma_dq, acc_dQ, tdQrK, tdQrdS[None, None, None, ds_stage],
+            gemm(tiled_mma_dq, acc_dQ, tdQrK, operand_stage(tdQrdS, ds_stage),
                  zero_init=True, wait_groups=-1)
         else:
-            gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_stage], tdQrK,
+            gemm(tiled_mma_dq, acc_dQ, operand_stage(tdQrdS, ds_stage), tdQrK,
                  zero_init=True, wait_groups=-1)
         # 3'. dK += dS^T Q (register A operand), in flight while dQ goes out.
-        gemm(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, state.index],
+        gemm(tiled_mma_dkv, acc_dK, tdKrdSt, operand_stage(tdKrQt, state.index),
              zero_init=False, wait_groups=1)
         # dV and dQ are done: dO of this stage is free, dQ goes to its writer warp's buffer.
         pipeline_do.consumer_release(state)

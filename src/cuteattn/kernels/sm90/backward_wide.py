@@ -42,7 +42,13 @@ from cuteattn.kernels.sm90.backward import (
 )
 from cuteattn.kernels.sm90.family import WIDE_BACKWARD_SPLIT_DIM
 from cuteattn.kernels.sm90.smem import smem_layout
-from cuteattn.kernels.sm90.warpgroup import THREADS_PER_WARPGROUP, gemm
+from cuteattn.kernels.sm90.warpgroup import (
+    THREADS_PER_WARPGROUP,
+    HeldStages,
+    gemm,
+    hold_base,
+    operand_stage,
+)
 
 DQ_CHUNK_COLS = 64
 # P and dS, one buffer each (stage 0: P, stage 1: dS).
@@ -58,6 +64,14 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         self.split_dim = WIDE_BACKWARD_SPLIT_DIM[self.head_dim]
         num_chunks = self.head_dim // DQ_CHUNK_COLS
         self.dq_passes = num_chunks // NUM_CONSUMER_WGS if self.split_dim else num_chunks
+
+    def dq_key_operand(self, wg_dq, sKt_dq, wg_idx, dq_pass: int):
+        """dQ's B operand for ``dq_pass``: that pass's 64 columns of K^T (traced inline)."""
+        sKt_chunk = cute.local_tile(
+            sKt_dq, (DQ_CHUNK_COLS, cute.size(sKt_dq, mode=[1])),
+            (self.dq_chunk(wg_idx, dq_pass), 0),
+        )
+        return wg_dq.make_fragment_B(wg_dq.partition_B(sKt_chunk))
 
     def dq_chunk(self, wg, dq_pass: int):
         if self.split_dim:
@@ -150,6 +164,16 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             sKt_dq = cute.local_tile(sKt, (self.head_dim, keys_per_wg), (0, wg_idx))
         tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS_dq))
         tdQsdQ = thr_dq.partition_C(sdQ[None, (None, wg_idx)])
+        tdQrK_held = None
+        if cutlass.const_expr(self.hold_descriptors):
+            tSrQ, tdPrdO = HeldStages(tSrQ), HeldStages(tdPrdO)
+            tdVrdOt, tdKrQt = HeldStages(tdVrdOt), HeldStages(tdKrQt)
+            tSrK, tdPrV, tdVrPt = hold_base(tSrK), hold_base(tdPrV), hold_base(tdVrPt)
+            tdKrdSt, tdQrdS = hold_base(tdKrdSt), hold_base(tdQrdS)
+            tdQrK_held = [
+                hold_base(self.dq_key_operand(wg_dq, sKt_dq, wg_idx, dq_pass))
+                for dq_pass in range(self.dq_passes)
+            ]
 
         acc_dKt = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_kvt), Float32)
         acc_dVt = cute.make_rmem_tensor(thr_dkv.partition_shape_C(tile_vt), Float32)
@@ -178,14 +202,14 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
                     sQ, sdO, pipeline_do, state, seqlen, m_block
                 )
             acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_s), Float32)
-            gemm(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK,
+            gemm(tiled_mma_sdp, acc_S, operand_stage(tSrQ, state.index), tSrK,
                  zero_init=True, wait_groups=-1)
             row_lse = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
                 row_lse[r] = sLSE[s_coords[r, 0][0], state.index]
             pipeline_do.consumer_wait(state, pipeline_do.consumer_try_wait(state))
             acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_s), Float32)
-            gemm(tiled_mma_sdp, acc_dP, tdPrdO[None, None, None, state.index], tdPrV,
+            gemm(tiled_mma_sdp, acc_dP, operand_stage(tdPrdO, state.index), tdPrV,
                  zero_init=True, wait_groups=1)
 
             # 2. soft-cap, mask (only tiles that hold a hidden key), P from the forward's lse
@@ -233,18 +257,17 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             cute.arch.barrier(barrier_id=pds_ready, number_of_threads=pds_threads)
 
             # 4. dV^T += dO^T P, dK^T += Q^T dS
-            gemm(tiled_mma_dkv, acc_dVt, tdVrdOt[None, None, None, state.index], tdVrPt,
+            gemm(tiled_mma_dkv, acc_dVt, operand_stage(tdVrdOt, state.index), tdVrPt,
                  zero_init=False, wait_groups=-1)
-            gemm(tiled_mma_dkv, acc_dKt, tdKrQt[None, None, None, state.index], tdKrdSt,
+            gemm(tiled_mma_dkv, acc_dKt, operand_stage(tdKrQt, state.index), tdKrdSt,
                  zero_init=False, wait_groups=-1)
 
             # 5. dQ, a 64-column chunk per pass, each handed to warp 1 as it completes.
             for dq_pass in cutlass.range_constexpr(self.dq_passes):
-                chunk = self.dq_chunk(wg_idx, dq_pass)
-                sKt_chunk = cute.local_tile(
-                    sKt_dq, (DQ_CHUNK_COLS, cute.size(sKt_dq, mode=[1])), (chunk, 0)
-                )
-                tdQrK = wg_dq.make_fragment_B(wg_dq.partition_B(sKt_chunk))
+                if cutlass.const_expr(tdQrK_held is None):
+                    tdQrK = self.dq_key_operand(wg_dq, sKt_dq, wg_idx, dq_pass)
+                else:
+                    tdQrK = tdQrK_held[dq_pass]
                 acc_dQ = cute.make_rmem_tensor(
                     thr_dq.partition_shape_C((self.tile_m, DQ_CHUNK_COLS)), Float32
                 )

@@ -152,6 +152,20 @@ def default_eager_rescale(head_dim: int) -> bool:
     return head_dim <= 64
 
 
+def default_hold_descriptors(head_dim: int, kind: str = "forward") -> bool:
+    """Whether a plan holds the GEMMs' shared-memory descriptors in registers
+    (``warpgroup.HeldStages``; the plan option ("hold_descriptors", True)) rather than letting
+    ptxas rebuild them at every key step (the persistent loop nest defeats its hoisting: d64
+    forward 445 SASS instructions per key step against 417 held). Timed in one process each
+    way (twenty-first session, docs/PERF.md): the d64 forward +0.7-1.9% in all six rows of
+    1k / 4k / 16k x causal; d128 forward within +-1% and d256 dense 2-6% slower (the held
+    descriptors take registers the wide tiles need), so the forward holds them at d64 (and the
+    padded dims that run its kernel). The backward up to d128 +1% on average (d64 / d96 / d128
+    long rows +1-4%, 1k rows -1-3%), the wide d192 / d256 kernels within +-1-3%: held up to
+    d128."""
+    return head_dim <= (64 if kind == "forward" else 128)
+
+
 def default_pingpong(head_dim: int, tile_m: int) -> bool:
     """Ping-pong pays where softmax is a large share of a tile's time (head dims up to 128)."""
     return tiling.num_consumer_warpgroups(tile_m) >= 2 and head_dim <= 128
@@ -319,12 +333,14 @@ class Sm90Family(KernelFamily):
         Soft-capped, it also carries ("exp2_poly", every) unless that is 0; ``dynamic``
         (persistent): ("dynamic", True), the tiles handed out from a counter; ``one_q_stage``
         (persistent): ("q_stages", 1); ("eager_rescale", True) where
-        ``default_eager_rescale``."""
+        ``default_eager_rescale``, ("hold_descriptors", True) where
+        ``default_hold_descriptors``."""
         if pingpong is None:
             pingpong = default_pingpong(head_dim, tile_m)
         tuning = (("dynamic", True),) if dynamic else ()
         tuning += (("q_stages", 1),) if one_q_stage else ()
         tuning += (("eager_rescale", True),) if default_eager_rescale(head_dim) else ()
+        tuning += (("hold_descriptors", True),) if default_hold_descriptors(head_dim) else ()
         if dict(features).get("softcap", 0.0) > 0:
             every = softcap_exp2_poly_every()
             tuning += (("exp2_poly", every),) if every > 0 else ()
@@ -389,6 +405,8 @@ class Sm90Family(KernelFamily):
         if head_dim is None:
             return ()
         options = with_features((("deterministic", problem.deterministic),), problem, "backward")
+        if default_hold_descriptors(head_dim, "backward"):
+            options = tuple(sorted(options + (("hold_descriptors", True),)))
         if head_dim != problem.head_dim:
             # Padded as in the forward: TMA fills and clips the missing columns.
             options = tuple(sorted(options + (("dim", problem.head_dim),)))
@@ -424,8 +442,11 @@ class Sm90Family(KernelFamily):
                 and self.supports(arch)
                 and plan.dtype in DTYPES
                 and plan.head_dim in BACKWARD_HEAD_DIMS
-                and len(family_options(plan)) == 1
+                and {name for name, _ in family_options(plan)} in (
+                    {"deterministic"}, {"deterministic", "hold_descriptors"},
+                )
                 and isinstance(plan.option("deterministic"), bool)
+                and type(plan.option("hold_descriptors")) in (type(None), bool)
                 and features_well_formed(plan)
                 and plan.num_threads == BACKWARD_THREADS
                 and (plan.tile_m, plan.tile_n, plan.num_stages) in BACKWARD_TILES[plan.head_dim]
@@ -445,7 +466,11 @@ class Sm90Family(KernelFamily):
             and self.supports(arch)
             and plan.dtype in DTYPES
             and tuple(
-                name for name in names if name not in ("dynamic", "q_stages", "eager_rescale")
+                name for name in names
+                if name not in (
+                    "dynamic", "q_stages", "eager_rescale", "rescale_before_pv",
+                    "hold_descriptors",
+                )
             ) in (
                 ("pack_gqa", "persistent", "pingpong"),
                 ("exp2_poly", "pack_gqa", "persistent", "pingpong"),
@@ -460,6 +485,8 @@ class Sm90Family(KernelFamily):
                 and bool(plan.option("persistent"))
             ))
             and type(plan.option("eager_rescale")) in (type(None), bool)
+            and type(plan.option("rescale_before_pv")) in (type(None), bool)
+            and type(plan.option("hold_descriptors")) in (type(None), bool)
             and (plan.option("exp2_poly") is None or (
                 type(plan.option("exp2_poly")) is int and plan.option("exp2_poly") > 0
             ))
@@ -506,7 +533,10 @@ class Sm90Family(KernelFamily):
             else:
                 from cuteattn.kernels.sm90.backward import FlashBackwardSm90
 
-            return FlashBackwardSm90(**sizes, deterministic=plan.option("deterministic"))
+            return FlashBackwardSm90(
+                **sizes, deterministic=plan.option("deterministic"),
+                hold_descriptors=bool(plan.option("hold_descriptors", False)),
+            )
         from cuteattn.kernels.sm90.forward import FlashForwardSm90
 
         return FlashForwardSm90(
@@ -514,6 +544,8 @@ class Sm90Family(KernelFamily):
             pingpong=plan.option("pingpong"),
             exp2_poly_every=plan.option("exp2_poly", 0),
             eager_rescale=bool(plan.option("eager_rescale", False)),
+            rescale_before_pv=plan.option("rescale_before_pv"),
+            hold_descriptors=bool(plan.option("hold_descriptors", False)),
             persistent=plan.option("persistent"),
             dynamic=self.uses_tile_counter(plan),
             separate_o=tiling.separate_o_fits(

@@ -97,8 +97,11 @@ from cuteattn.kernels.sm90.smem import (
 )
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
+    HeldStages,
     NamedBarrier,
     gemm,
+    hold_k_slices,
+    operand_stage,
     tma_pipeline,
 )
 
@@ -178,6 +181,8 @@ class FlashForwardSm90(AttentionKernel):
         sink: bool = False,
         exp2_poly_every: int = 0,
         eager_rescale: bool = False,
+        rescale_before_pv: bool | None = None,
+        hold_descriptors: bool = False,
         **shape,
     ):
         """pack_gqa: query heads per KV head packed into one tile's rows (1: not packed); the
@@ -193,13 +198,18 @@ class FlashForwardSm90(AttentionKernel):
         buffers, 2 where they fit (``tiling.separate_o_q_stages``): the next work tile's Q
         loads while this one's key tiles still read their own. eager_rescale: O rescaled at
         every key tile, else lazily (``RESCALE_THRESHOLD``; ``family.default_eager_rescale``
-        says where each pays). shape: ``AttentionKernel``'s fields."""
+        says where each pays). rescale_before_pv: O rescaled while S = Q K^T of the next
+        key tile is in flight instead of after the softmax (None: where dim_v > 128). shape:
+        ``AttentionKernel``'s fields. hold_descriptors: the GEMMs' shared-memory descriptors
+        computed once (Q per work tile, K and V per kernel) and kept in registers
+        (``warpgroup.HeldStages``)."""
         super().__init__(**shape)
         self.sink = sink
         # Every that-many-th exponential of the softmax on the FMA pipe (soft-capping: the
         # tanh shares MUFU with exp2; ``kernels/common/exp2_poly.py``), 0 for none.
         self.exp2_poly_every = exp2_poly_every
         self.eager_rescale = eager_rescale
+        self.hold_descriptors = hold_descriptors
         self.num_stages = num_stages
         self.persistent = persistent
         self.dynamic = dynamic and persistent and not self.varlen
@@ -231,7 +241,9 @@ class FlashForwardSm90(AttentionKernel):
         self.skips_idle_warpgroups = self.num_consumer_wgs > 1 and pack_gqa == 1
         # Large head dims: rescale O while S = Q K^T is in flight rather than after softmax,
         # which keeps the (large) O rescale off the critical path.
-        self.rescale_o_before_pv = self.head_dim_v > 128
+        if rescale_before_pv is None:
+            rescale_before_pv = self.head_dim_v > 128
+        self.rescale_o_before_pv = rescale_before_pv
         # The consumer threads' barrier around the O tile in shared memory.
         self.epilogue_sync = functools.partial(
             cute.arch.barrier, barrier_id=int(NamedBarrier.EPILOGUE),
@@ -774,6 +786,8 @@ class FlashForwardSm90(AttentionKernel):
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(transposed(sV)))
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        if cutlass.const_expr(self.hold_descriptors):
+            tSrK, tOrVt = HeldStages(tSrK), HeldStages(tOrVt)
         acc_O = cute.make_rmem_tensor(
             tiled_mma_pv.partition_shape_C((self.tile_m, self.head_dim_v)), Float32
         )
@@ -837,6 +851,8 @@ class FlashForwardSm90(AttentionKernel):
             # This tile's Q stage: q_state advances once per tile with keys, as the producer's
             # does (a tile with no key neither loads nor reads Q).
             loop = loop._replace(tSrQ=loop.tSrQ[None, None, None, q_state.index])
+        if cutlass.const_expr(self.hold_descriptors):
+            loop = loop._replace(tSrQ=hold_k_slices(loop.tSrQ))
         acc_O, thr_mma_qk, pending_scale = loop.acc_O, loop.thr_mma_qk, loop.pending_scale
         m_block = work.m_block
         n_block_min, n_block_max = self.key_tile_range(block_info, seqlen, m_block)
@@ -1010,7 +1026,7 @@ class FlashForwardSm90(AttentionKernel):
         acc_S = cute.make_rmem_tensor(
             tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32
         )
-        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], zero_init=True,
+        gemm(tiled_mma_qk, acc_S, tSrQ, operand_stage(tSrK, stage), zero_init=True,
              wait_groups=wait_groups)
         return acc_S
 
@@ -1118,7 +1134,7 @@ class FlashForwardSm90(AttentionKernel):
         wait_stage(pipeline_v, v_state)
         if cutlass.const_expr(self.varlen):
             self.zero_keys_past_sequence(loop, v_state.index, n_block + 1)
-        gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
+        gemm(tiled_mma_pv, acc_O, tOrP, operand_stage(tOrVt, v_state.index),
              zero_init=False, wait_groups=-1)
         self.scheduler_arrive(wg_idx)
         warpgroup.wait_group(1)  # S is ready; P V may still run
@@ -1179,7 +1195,7 @@ class FlashForwardSm90(AttentionKernel):
         wait_stage(pipeline_v, kv_state)
         if cutlass.const_expr(self.varlen):
             self.zero_keys_past_sequence(loop, kv_state.index, n_block)
-        gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
+        gemm(tiled_mma_pv, acc_O, tOrP, operand_stage(tOrVt, kv_state.index),
              zero_init=False, wait_groups=-1)
 
     @cute.jit

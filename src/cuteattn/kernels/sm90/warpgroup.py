@@ -10,7 +10,12 @@ import enum
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
+from cutlass import Int64
 from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu.tcgen05 import int_to_smem_descriptor, smem_descriptor_to_int
+from cutlass.cutlass_dsl import dsl_user_op
+
+from cuteattn.kernels.common.inline_ptx import inline_ptx
 
 THREADS_PER_WARPGROUP = 128
 
@@ -45,6 +50,67 @@ def tma_pipeline(barriers: cute.Pointer, num_stages: int, tile_bytes: int, consu
     )
 
 
+# Shared-memory WGMMA operands held as descriptor values. A fragment made from shared memory
+# carries a descriptor that each GEMM rebuilds from the shared-memory address at its use; in the
+# persistent forward's loop nest ptxas keeps that in the key loop (SASS: 445 instructions per
+# d64 key step against the single-tile kernel's 418, most of them uniform descriptor
+# arithmetic). A value computed once, behind a move neither MLIR nor LLVM folds away, stays in
+# registers instead.
+
+
+@dsl_user_op
+def _opaque_u64(value: Int64, *, loc=None, ip=None) -> Int64:
+    return inline_ptx(Int64, [value], "mov.b64 $0, $1;", "=l,l", side_effects=False,
+                      loc=loc, ip=ip)
+
+
+def _held_view(value: Int64, layout) -> cute.Tensor:
+    return cute.make_tensor(int_to_smem_descriptor(value), layout)
+
+
+def hold_k_slices(operand: cute.Tensor) -> tuple:
+    """The k-slice views (operand[None, None, k]) of an unstaged operand, each from a
+    descriptor value computed here: for Q, once per work tile."""
+    return tuple(
+        _held_view(_opaque_u64(smem_descriptor_to_int(operand[None, None, k].iterator)),
+                   operand[None, None, k].layout)
+        for k in range(cute.size(operand.shape[2]))
+    )
+
+
+def hold_base(operand: cute.Tensor) -> cute.Tensor:
+    """``operand`` (every mode) made from its descriptor value computed here: one value held,
+    the k-slices' offsets added at each GEMM (where holding every slice costs too many
+    registers: the backward)."""
+    return _held_view(_opaque_u64(smem_descriptor_to_int(operand.iterator)), operand.layout)
+
+
+class HeldStages:
+    """A staged operand (modes ..., k, stage: the forward's K and V^T, the backward's Q, dO,
+    dS^T and their transposes) as its first stage's descriptor value, computed where this is
+    made, and its layout; ``stage(i)`` adds stage i's offset."""
+
+    def __init__(self, operand: cute.Tensor):
+        self.layout = operand.layout
+        self.stage_layout = operand[None, None, None, 0].layout
+        self.base = _opaque_u64(smem_descriptor_to_int(operand.iterator))
+
+    def stage(self, index) -> cute.Tensor:
+        offset = cute.crd2idx((0, 0, 0, index), self.layout)
+        return _held_view(self.base + Int64(offset), self.stage_layout)
+
+
+def _k_slice(operand, k: int) -> cute.Tensor:
+    return operand[k] if isinstance(operand, tuple) else operand[None, None, k]
+
+
+def operand_stage(operand, index) -> cute.Tensor:
+    """Stage ``index`` of a staged operand, held (``HeldStages``) or not."""
+    if isinstance(operand, HeldStages):
+        return operand.stage(index)
+    return operand[None, None, None, index]
+
+
 @cute.jit
 def gemm(
     tiled_mma: cute.TiledMma,
@@ -55,7 +121,8 @@ def gemm(
     wait_groups: cutlass.Constexpr[int],
     k_blocks: cutlass.Constexpr = None,
 ):
-    """acc (+)= A B over the k mode of the operands, as one WGMMA commit group.
+    """acc (+)= A B over the k mode of the operands, as one WGMMA commit group. Either
+    operand may be a tuple of k-slice views (``hold_k_slices``).
 
     ``wait_groups`` >= 0 waits until at most that many commit groups are still in flight;
     -1 returns at once (the caller waits later, before touching acc).
@@ -65,10 +132,12 @@ def gemm(
     mma_atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
     blocks = k_blocks
     if cutlass.const_expr(k_blocks is None):
-        blocks = tuple(range(cute.size(operand_a.shape[2])))
+        blocks = tuple(range(
+            len(operand_a) if isinstance(operand_a, tuple) else cute.size(operand_a.shape[2])
+        ))
     for k in cutlass.range_constexpr(len(blocks)):
         k = blocks[k]
-        cute.gemm(mma_atom, acc, operand_a[None, None, k], operand_b[None, None, k], acc)
+        cute.gemm(mma_atom, acc, _k_slice(operand_a, k), _k_slice(operand_b, k), acc)
         mma_atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
     if cutlass.const_expr(wait_groups >= 0):
