@@ -145,7 +145,8 @@ def test_backward_preprocess_and_postprocess_compile(arch):
     name = arch_from_name(arch).name
     for head_dim, dtype in ((64, "bf16"), (96, "fp16"), (256, "bf16")):
         assert compile_backward_preprocess(name, dtype, head_dim) is not None
-    layouts = ((64, 64, 1, 0), (128, 128, 2, 8), (200, 256, 4, 8))
+    # d192's wide backward: 96-column chunks (136: padded to 192, the second chunk partly).
+    layouts = ((64, 64, 1, 0), (128, 128, 2, 8), (200, 256, 4, 8), (136, 192, 2, 8))
     for head_dim, kernel_dim, chunks, row_pad in layouts:
         assert compile_dq_postprocess(name, "bf16", head_dim, kernel_dim, chunks, row_pad)
     # The sm80 backward's dq_accum in fragment order: its first plan per head dim (40: padded
@@ -180,13 +181,14 @@ def test_backward_preprocess_and_postprocess_compile(arch):
 @pytest.mark.parametrize("deterministic", (False, True))
 def test_backward_candidates_past_the_first_compile(deterministic):
     """The backward plans the families offer after their first (sm90: d64's 64 x 128, d128's
-    80 x 128, d256's 64 x 48 with two Q / dO stages; sm80: d64's 64 x 128), compiled once
+    80 x 128, d192's 64 x 64 and d256's 64 x 48 with two Q / dO stages; sm80: d64's
+    64 x 128), compiled once
     each: causal with the deterministic variant, else not; varlen too where the plan allows
     it."""
     compiled = []
     for family_name, arch_name, head_dim in (
-        ("sm90", "sm_90a", 64), ("sm90", "sm_90a", 128), ("sm90", "sm_90a", 256),
-        ("sm80", "sm_80", 64),
+        ("sm90", "sm_90a", 64), ("sm90", "sm_90a", 128), ("sm90", "sm_90a", 192),
+        ("sm90", "sm_90a", 256), ("sm80", "sm_80", 64),
     ):
         family, arch = get_family(family_name), arch_from_name(arch_name)
         problem = Problem(
@@ -522,7 +524,7 @@ def test_forward_tuning_options_compile(case):
 
 
 # The sm90 backward with its descriptors held in registers (a tuning option): d64-d128 and
-# the wide kernels (d192 splits the keys, d256 the head dim).
+# the wide kernels (d192's dK / dV split the keys, d256's the head dim).
 BACKWARD_HELD_CASES = (
     (64, True, False), (96, False, False), (128, False, True), (192, False, False),
     (256, True, False),

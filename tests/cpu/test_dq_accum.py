@@ -34,6 +34,8 @@ def test_sm90_backward_tiles_fit_shared_memory():
     assert backward_dq_chunks(128, 80) == (2, 0)
     assert backward_dq_chunks(64, 128) == (1, 0) and backward_dq_chunks(64, 64) == (2, 0)
     assert backward_dq_chunks(96, 64) == (1, 0) and backward_dq_chunks(256, 64) == (4, 8)
+    # d192: a 96-column chunk per warpgroup, over all the keys (``WIDE_DQ_CHUNK``).
+    assert backward_dq_chunks(192, 64) == (2, 8)
     # d96: warpgroup 0 alone computes dQ (one buffer, one addition per element); no other.
     assert backward_dq_single_wg(96, 64) and backward_dq_buffers(96, 64) == 1
     for head_dim, tiles in BACKWARD_TILES.items():

@@ -9,15 +9,17 @@ alone. This variant turns the GEMMs around (as FlashAttention-3 does for large h
   - P and dS go to shared memory (one buffer each), and dV^T += dO^T P, dK^T += Q^T dS run with
     head_dim along M, every operand in shared memory: d256 splits head_dim between the
     warpgroups (64-row blocks taken in turn: 0-63 and 128-191, 64-127 and 192-255, over all the
-    tile's keys), d192 (96 is not whole 64-row WGMMA atoms) splits the keys (32 each, over all 192
-    dims).
-  - dQ = dS K in 64-column chunks (passes), handed to warp 1's bulk reductions one chunk at a
-    time: d256 splits the chunks (two per warpgroup), d192 has each warpgroup add its keys'
-    share of all three chunks.
+    tile's keys), d192 (96 is not whole 64-row WGMMA atoms) splits the keys (half each, over
+    all 192 dims).
+  - dQ = dS K over all the tile's keys, the warpgroups splitting its columns into chunks
+    (``family.WIDE_DQ_CHUNK``: d256 two of 64 each, passes handed to warp 1's bulk reductions
+    one at a time; d192 one of 96 each), so each dQ element is added to dq_accum once per
+    step.
 
 Everything else (producer, dQ writer warp, dq_accum layout, deterministic turns) is the narrow
 kernel's. Tiles (``family.BACKWARD_TILES``): d256 64 x 48 (K, V, two Q and dO stages, P, dS
-and the dQ buffers fill 227 KB) or 64 x 64 with one Q and dO stage, d192 64 x 64.
+and the dQ buffers fill 227 KB) or 64 x 64 with one Q and dO stage, d192 64 x 96 with one
+(or 64 x 64 with two).
 """
 
 import cutlass
@@ -50,7 +52,6 @@ from cuteattn.kernels.sm90.warpgroup import (
     operand_stage,
 )
 
-DQ_CHUNK_COLS = 64
 # P and dS, one buffer each (stage 0: P, stage 1: dS).
 P_BUFFER, DS_BUFFER = 0, 1
 
@@ -58,33 +59,35 @@ P_BUFFER, DS_BUFFER = 0, 1
 class FlashBackwardSm90Wide(FlashBackwardSm90):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        assert self.dq_chunk_cols == DQ_CHUNK_COLS, self.dq_chunk_cols
-        # Split head_dim (d256: 128 rows of dK^T / dV^T and two dQ chunks per warpgroup) or
-        # split the keys (d192: every row, half the keys, a share of every dQ chunk).
+        # dK^T / dV^T: split head_dim (d256: 128 rows per warpgroup) or the keys (d192: every
+        # row, half the keys). dQ: each warpgroup its chunks, over all the keys.
         self.split_dim = WIDE_BACKWARD_SPLIT_DIM[self.head_dim]
-        num_chunks = self.head_dim // DQ_CHUNK_COLS
-        self.dq_passes = num_chunks // NUM_CONSUMER_WGS if self.split_dim else num_chunks
+        self.dq_passes = self.head_dim // self.dq_chunk_cols // NUM_CONSUMER_WGS
 
     def dq_key_operand(self, wg_dq, sKt_dq, wg_idx, dq_pass: int):
-        """dQ's B operand for ``dq_pass``: that pass's 64 columns of K^T (traced inline)."""
+        """dQ's B operand for ``dq_pass``: that pass's chunk of K^T's columns (traced inline)."""
         sKt_chunk = cute.local_tile(
-            sKt_dq, (DQ_CHUNK_COLS, cute.size(sKt_dq, mode=[1])),
+            sKt_dq, (self.dq_chunk_cols, cute.size(sKt_dq, mode=[1])),
             (self.dq_chunk(wg_idx, dq_pass), 0),
         )
         return wg_dq.make_fragment_B(wg_dq.partition_B(sKt_chunk))
 
     def dq_chunk(self, wg, dq_pass: int):
-        if self.split_dim:
-            return wg * self.dq_passes + dq_pass
-        return dq_pass
+        return wg * self.dq_passes + dq_pass
+
+    def k_smem_layout(self):
+        """K's buffer (tile_n, head_dim), its swizzle atom one dQ chunk wide or narrower, so
+        that each warpgroup's chunk of K^T (dQ's MN-major B operand) starts on an atom: d192's
+        96 columns take the 64-byte swizzle (32 columns)."""
+        return smem_layout(self.dtype, self.tile_n, self.head_dim, atom_cols=self.dq_chunk_cols)
 
     def pds_layout(self):
         """P and dS, (queries, keys), keys contiguous: dS is dQ's K-major A operand, and both
         are read as (keys, queries) MN-major B operands of dV^T and dK^T, a warpgroup's keys at
         a time where the keys are split. The swizzle atom is sized to one warpgroup's keys so
-        that its share starts on an atom: 32 keys (d192, d256's 64-key tile), 64-byte swizzle;
-        24 (d256's 48-key tile: not a whole 16-key 32-byte atom), no swizzle (8-column
-        interleaved atoms)."""
+        that its share starts on an atom: 32 keys (the 64-key tiles), 64-byte swizzle; 48 (d192's
+        96-key tile), 32-byte; 24 (d256's 48-key tile: not a whole 16-key 32-byte atom), no
+        swizzle (8-column interleaved atoms)."""
         return smem_layout(
             self.dtype, self.tile_m, self.tile_n, 2, atom_cols=self.tile_n // NUM_CONSUMER_WGS
         )
@@ -110,7 +113,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         # dQ chunk = dS K[:, chunk]: one warpgroup, A = dS K-major, B = K^T MN-major.
         tiled_mma_dq = hopper.make_trivial_tiled_mma(
             self.dtype, self.dtype, k_major, mn_major, Float32,
-            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, DQ_CHUNK_COLS),
+            atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.dq_chunk_cols),
         )
         return tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
 
@@ -130,19 +133,13 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         wg_sdp = tiled_mma_sdp.get_slice(wg_idx * THREADS_PER_WARPGROUP)
         wg_dkv = tiled_mma_dkv.get_slice(wg_idx * THREADS_PER_WARPGROUP)
         wg_dq = tiled_mma_dq.get_slice(0)
-        if cutlass.const_expr(self.split_dim):
-            # Both warpgroups read every key of P and dS.
-            pds_threads, pds_ready, pds_free = (
-                self.num_consumer_threads, BackwardBarrier.DS_READY, BackwardBarrier.PDS_FREE
-            )
-        else:
-            pds_threads = THREADS_PER_WARPGROUP
-            pds_ready = BackwardBarrier.DS_READY + wg_idx
-            pds_free = BackwardBarrier.PDS_FREE + wg_idx
+        # Both warpgroups read every key of dS (dQ), and d256's every key of P.
+        pds_threads, pds_ready, pds_free = (
+            self.num_consumer_threads, BackwardBarrier.DS_READY, BackwardBarrier.PDS_FREE
+        )
         tile_s = (self.tile_m, self.tile_n)
         tile_kvt = (self.head_dim, self.tile_n)  # dK^T
         tile_vt = (self.head_dim_v, self.tile_n)  # dV^T (dim_v rows)
-        keys_per_wg = self.tile_n // NUM_CONSUMER_WGS
         sP, sdS = sPdS[None, None, P_BUFFER], sPdS[None, None, DS_BUFFER]
 
         tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
@@ -153,16 +150,10 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         tdVrPt = wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sP)))
         tdKrQt = wg_dkv.make_fragment_A(wg_dkv.partition_A(transposed(sQ)))
         tdKrdSt = wg_dkv.make_fragment_B(wg_dkv.partition_B(transposed(sdS)))
-        # dQ: A = dS over the keys this warpgroup adds (all, or its half), B = those keys of
-        # K^T, one 64-column chunk of it per pass.
-        sKt = transposed(sK)  # (dim, keys)
-        if cutlass.const_expr(self.split_dim):
-            sdS_dq = sdS
-            sKt_dq = sKt
-        else:
-            sdS_dq = cute.local_tile(sdS, (self.tile_m, keys_per_wg), (0, wg_idx))
-            sKt_dq = cute.local_tile(sKt, (self.head_dim, keys_per_wg), (0, wg_idx))
-        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS_dq))
+        # dQ: A = dS over all the tile's keys, B = K^T (dim, keys), this warpgroup's chunk of
+        # its columns per pass.
+        sKt_dq = transposed(sK)
+        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
         tdQsdQ = thr_dq.partition_C(sdQ[None, (None, wg_idx)])
         tdQrK_held = None
         if cutlass.const_expr(self.hold_descriptors):
@@ -262,14 +253,14 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             gemm(tiled_mma_dkv, acc_dKt, operand_stage(tdKrQt, state.index), tdKrdSt,
                  zero_init=False, wait_groups=-1)
 
-            # 5. dQ, a 64-column chunk per pass, each handed to warp 1 as it completes.
+            # 5. dQ, a chunk per pass, each handed to warp 1 as it completes.
             for dq_pass in cutlass.range_constexpr(self.dq_passes):
                 if cutlass.const_expr(tdQrK_held is None):
                     tdQrK = self.dq_key_operand(wg_dq, sKt_dq, wg_idx, dq_pass)
                 else:
                     tdQrK = tdQrK_held[dq_pass]
                 acc_dQ = cute.make_rmem_tensor(
-                    thr_dq.partition_shape_C((self.tile_m, DQ_CHUNK_COLS)), Float32
+                    thr_dq.partition_shape_C((self.tile_m, self.dq_chunk_cols)), Float32
                 )
                 gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrK, zero_init=True, wait_groups=0)
                 if cutlass.const_expr(dq_pass == 0):
@@ -305,7 +296,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
     @cute.jit
     def store_pds(self, values, dst_partition, tiled_mma_sdp, buffer, tidx: Int32):
         """P or dS (bf16, the S accumulator's layout) to its buffer: stmatrix where a
-        warpgroup's keys are whole pairs of 8x8 matrices (d192: 32), else 32-bit stores of
+        warpgroup's keys are whole pairs of 8x8 matrices (32, 48), else 32-bit stores of
         the accumulator's column pairs (d256: 24 keys)."""
         if cutlass.const_expr((self.tile_n // NUM_CONSUMER_WGS) % 16 == 0):
             stmatrix = cute.make_copy_atom(

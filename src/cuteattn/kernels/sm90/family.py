@@ -177,20 +177,21 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
 # (FlashAttention-3/4's tile: 1.04-1.13x faster than 64 on the H200), d128 keeps 64 (80, FA4's
 # non-causal choice, ran 0.84-0.88x as fast here; 80 is no multiple of WGMMA's M: dQ computed
 # transposed, ``FlashBackwardSm90.dq_transposed``). 192 and 256 (kernels/sm90/backward_wide.py):
-# dK^T and dV^T with head_dim along WGMMA's M, 64 / 48 keys per CTA (the largest that fit shared
-# memory with two stages); d256 runs 64 keys with one Q / dO stage first (FlashAttention-4's
-# choice: 1.10-1.20x faster than 48 keys with two). Timings: ``scripts/tune_sm90.py --mode
-# bwd``, docs/PERF.md.
+# dK^T and dV^T with head_dim along WGMMA's M; d192 runs 96 keys per CTA with one Q / dO stage
+# (FlashAttention-4's 96 keys; 1.04-1.18x faster than 64 keys with two stages, twenty-first
+# session), d256 64 keys with one stage (FlashAttention-4's choice: 1.10-1.20x faster than 48
+# keys with two). Timings: ``scripts/tune_sm90.py --mode bwd``, docs/PERF.md.
 BACKWARD_TILES = {
     64: ((128, 128, 2), (64, 128, 2)),
     96: ((64, 128, 2),),
     128: ((64, 128, 2), (80, 128, 2)),
-    192: ((64, 64, 2),),
+    192: ((64, 96, 1), (64, 64, 2)),
     256: ((64, 64, 1), (64, 48, 2)),
 }
 BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILES)
 BACKWARD_THREADS = 384
-# Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV and dQ.
+# Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV. dQ is
+# always split by columns (WIDE_DQ_CHUNK).
 WIDE_BACKWARD_SPLIT_DIM = {192: False, 256: True}
 HOPPER_SMEM_PER_BLOCK = arch_from_name("sm_90a").smem_per_block
 SMEM_ALIGN = 1024  # the backward's shared buffers start on 1024-byte boundaries (swizzles)
@@ -201,7 +202,12 @@ SMEM_ALIGN = 1024  # the backward's shared buffers start on 1024-byte boundaries
 # rows). The wide kernels (192, 256) add padded rows: 8 floats (32 bytes) per row, so that a
 # warp's 64-bit accumulator stores take the minimum two wavefronts (rows start 8 banks apart).
 BACKWARD_DQ_ROW_PAD = 8
-WIDE_DQ_CHUNK = 64
+# The wide kernels' dQ columns per chunk of dq_accum: each consumer warpgroup computes its
+# chunks over all the tile's keys (d256 two of 64, d192 one of 96: K's swizzle atom is 32
+# columns there so that the second starts on one). d192 used to split dQ by keys, each
+# warpgroup adding its keys' share of all 192 columns: twice the L2 reduction traffic
+# (0.46x FlashAttention-4, docs/PERF.md "twenty-first session").
+WIDE_DQ_CHUNK = {192: 96, 256: 64}
 
 
 def backward_dq_splits_rows(head_dim: int, tile_m: int) -> bool:
@@ -218,9 +224,10 @@ def backward_dq_chunks(head_dim: int, tile_m: int = 64) -> tuple[int, int]:
     half the dim is whole 64- or 128-byte swizzle rows of K (d64, d128: a chunk each),
     otherwise warpgroup 0 alone computes every column over all keys (d96: one chunk, added
     once: ``backward_dq_single_wg``); unpadded rows (fragment order:
-    ``backward_dq_fragment_order``). The wide variant adds dQ in padded 64-column chunks."""
+    ``backward_dq_fragment_order``). The wide variant adds dQ in padded chunks
+    (``WIDE_DQ_CHUNK`` columns)."""
     if head_dim in WIDE_BACKWARD_SPLIT_DIM:
-        return head_dim // WIDE_DQ_CHUNK, BACKWARD_DQ_ROW_PAD
+        return head_dim // WIDE_DQ_CHUNK[head_dim], BACKWARD_DQ_ROW_PAD
     if backward_dq_splits_rows(head_dim, tile_m):
         return 1, 0
     split = (head_dim // 2 * tiling.ELEM_BYTES) % 64 == 0
