@@ -98,7 +98,7 @@ DETERMINISTIC_SHAPES = (
 
 @pytest.mark.parametrize("shape", DETERMINISTIC_SHAPES, ids=str)
 @pytest.mark.parametrize("causal", (False, True))
-@pytest.mark.parametrize("head_dim", (64, 96, 128, 256))
+@pytest.mark.parametrize("head_dim", (64, 96, 128, 192, 256))
 @pytest.mark.parametrize("family", BACKWARD_FAMILIES)
 def test_deterministic_backward_is_bitwise_reproducible(family, head_dim, causal, shape):
     """Three runs give bitwise-equal dq, dk, dv (the non-deterministic kernel need not), and

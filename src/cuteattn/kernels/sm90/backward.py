@@ -120,6 +120,8 @@ class BackwardBarrier(enum.IntEnum):
 
     # dS^T of this step is in shared memory: split by keys, per warpgroup (128 threads); split
     # by dim or rows, or warpgroup 0 alone computing dQ (d96), DS_READY alone (256 threads).
+    # The wide kernels (backward_wide.py): DS_READY and PDS_FREE alone, each warpgroup's dQ
+    # reading every key of dS.
     DS_READY = 1
     # A warpgroup's dQ buffer: EMPTY once its writer warp's bulk reductions have read it
     # (two slots: performed, and the turn passed), FULL once the warpgroup has written it
