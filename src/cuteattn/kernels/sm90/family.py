@@ -284,7 +284,7 @@ def backward_smem_bytes(
     head_dim: int, tile_m: int, tile_n: int, stages: int, dq_slots: int = 1
 ) -> int:
     """The backward kernel's shared storage, laid out as its SharedStorage is: the barriers (in
-    the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), the stages
+    the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), two stages
     of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
     fp32 dQ buffer per consumer warpgroup that hands dQ over (``backward_dq_buffers``) and slot
     (``dq_slots``) for the bulk reductions; then lse and dpsum
