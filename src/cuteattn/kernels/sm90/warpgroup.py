@@ -13,9 +13,8 @@ import cutlass.pipeline as pipeline
 from cutlass import Int64
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.cute.nvgpu.tcgen05 import int_to_smem_descriptor, smem_descriptor_to_int
-from cutlass.cutlass_dsl import dsl_user_op
 
-from cuteattn.kernels.common.inline_ptx import inline_ptx
+from cuteattn.kernels.common.opaque import opaque_u64
 
 THREADS_PER_WARPGROUP = 128
 
@@ -54,14 +53,8 @@ def tma_pipeline(barriers: cute.Pointer, num_stages: int, tile_bytes: int, consu
 # carries a descriptor that each GEMM rebuilds from the shared-memory address at its use; in the
 # persistent forward's loop nest ptxas keeps that in the key loop (SASS: 445 instructions per
 # d64 key step against the single-tile kernel's 418, most of them uniform descriptor
-# arithmetic). A value computed once, behind a move neither MLIR nor LLVM folds away, stays in
-# registers instead.
-
-
-@dsl_user_op
-def _opaque_u64(value: Int64, *, loc=None, ip=None) -> Int64:
-    return inline_ptx(Int64, [value], "mov.b64 $0, $1;", "=l,l", side_effects=False,
-                      loc=loc, ip=ip)
+# arithmetic). A value computed once, behind a move neither MLIR nor LLVM folds away
+# (``opaque.opaque_u64``), stays in registers instead.
 
 
 def _held_view(value: Int64, layout) -> cute.Tensor:
@@ -72,7 +65,7 @@ def hold_k_slices(operand: cute.Tensor) -> tuple:
     """The k-slice views (operand[None, None, k]) of an unstaged operand, each from a
     descriptor value computed here: for Q, once per work tile."""
     return tuple(
-        _held_view(_opaque_u64(smem_descriptor_to_int(operand[None, None, k].iterator)),
+        _held_view(opaque_u64(smem_descriptor_to_int(operand[None, None, k].iterator)),
                    operand[None, None, k].layout)
         for k in range(cute.size(operand.shape[2]))
     )
@@ -82,7 +75,7 @@ def hold_base(operand: cute.Tensor) -> cute.Tensor:
     """``operand`` (every mode) made from its descriptor value computed here: one value held,
     the k-slices' offsets added at each GEMM (where holding every slice costs too many
     registers: the backward)."""
-    return _held_view(_opaque_u64(smem_descriptor_to_int(operand.iterator)), operand.layout)
+    return _held_view(opaque_u64(smem_descriptor_to_int(operand.iterator)), operand.layout)
 
 
 class HeldStages:
@@ -93,7 +86,7 @@ class HeldStages:
     def __init__(self, operand: cute.Tensor):
         self.layout = operand.layout
         self.stage_layout = operand[None, None, None, 0].layout
-        self.base = _opaque_u64(smem_descriptor_to_int(operand.iterator))
+        self.base = opaque_u64(smem_descriptor_to_int(operand.iterator))
 
     def stage(self, index) -> cute.Tensor:
         offset = cute.crd2idx((0, 0, 0, index), self.layout)
