@@ -48,6 +48,7 @@ from cuteattn.bench.runner import (
 from cuteattn.kernels.sm90 import tiling
 from cuteattn.kernels.sm90.family import (
     SM90_TILES,
+    backward_do_stages,
     default_eager_rescale,
     default_hold_descriptors,
     keeps_one_q_stage,
@@ -221,8 +222,13 @@ def planner_choice(arch, shape: Shape, dtype: str, mode: str = "fwd", family: st
 
 
 def backward_name(plan: KernelPlan) -> str:
+    stages = ""
+    if plan.family == "sm90":
+        do_stages = backward_do_stages(plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages)
+        # Named where dO keeps fewer stages than Q (d192's 64 x 96 comes with one of each too).
+        stages = f"-q{plan.num_stages}do{do_stages}" if do_stages != plan.num_stages else ""
     return (
-        f"bwd-{plan.tile_m}x{plan.tile_n}"
+        f"bwd-{plan.tile_m}x{plan.tile_n}{stages}"
         + ("" if plan.family == "sm90" else f"-{plan.family}")
         + ("-det" if plan.option("deterministic", False) else "")
         + switch_suffix(

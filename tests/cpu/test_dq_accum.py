@@ -26,6 +26,7 @@ def test_sm90_backward_tiles_fit_shared_memory():
         backward_dq_buffers,
         backward_dq_chunks,
         backward_dq_single_wg,
+        backward_do_stages,
         backward_dq_slots,
         backward_smem_bytes,
     )
@@ -36,6 +37,11 @@ def test_sm90_backward_tiles_fit_shared_memory():
     assert backward_dq_chunks(96, 64) == (1, 0) and backward_dq_chunks(256, 64) == (4, 8)
     # d192: a 96-column chunk per warpgroup, over all the keys (``WIDE_DQ_CHUNK``).
     assert backward_dq_chunks(192, 64) == (2, 8)
+    # d192's 64 x 96 with two Q stages keeps one dO stage (``BACKWARD_DO_STAGES``): it fits
+    # only so (two of each: 244 KB).
+    assert backward_do_stages(192, 64, 96, 2) == 1 and backward_do_stages(192, 64, 96, 1) == 1
+    assert backward_do_stages(128, 64, 128, 2) == 2
+    assert backward_smem_bytes(192, 64, 96, 2) == 227_328 <= capacity
     # d96: warpgroup 0 alone computes dQ (one buffer, one addition per element); no other.
     assert backward_dq_single_wg(96, 64) and backward_dq_buffers(96, 64) == 1
     for head_dim, tiles in BACKWARD_TILES.items():
@@ -53,6 +59,9 @@ def test_sm90_backward_tiles_fit_shared_memory():
             assert slots == (1 if head_dim > 128 or (head_dim, tile_m) == (128, 80) else 2)
             assert backward_dq_slots(head_dim, tile_m, tile_n, stages, deterministic=False) == 1
             assert backward_smem_bytes(head_dim, tile_m, tile_n, stages, slots) <= capacity
+    # V and dO with dim_v columns: 182,272 bytes, the compiled d192 / dim_v 128 struct's size
+    # at 64 x 96 (the kernel asserts the model at every compile).
+    assert backward_smem_bytes(192, 64, 96, 1, head_dim_v=128) == 182_272
 
 
 def test_sm90_fragment_order_geometry():

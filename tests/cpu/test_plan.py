@@ -430,13 +430,13 @@ def test_hopper_deterministic_backward_tile():
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_hopper_backward_family(head_dim):
     """sm90's backward takes every head dim, deterministic or not: 128 keys per CTA up to
-    d128 (128 queries per step at d64, else 64), 96 at d192 and 64 at d256, each with one Q / dO
-    stage (the wide variant, sized to shared memory)."""
+    d128 (128 queries per step at d64, else 64), 96 at d192 (two Q stages, one dO stage) and 64
+    at d256 (one stage): the wide variant, sized to shared memory."""
     plan = plan_backward(problem(head_dim))
     assert (plan.kind, plan.family) == ("backward", "sm90")
     assert plan_backward(problem(head_dim, deterministic=True)).family == "sm90"
     assert plan_backward(problem(head_dim, arch="sm_80")).family == "sm80"
-    tile_m, tile_n, stages = {64: (128, 128, 2), 192: (64, 96, 1), 256: (64, 64, 1)}.get(
+    tile_m, tile_n, stages = {64: (128, 128, 2), 192: (64, 96, 2), 256: (64, 64, 1)}.get(
         head_dim, (64, 128, 2)
     )
     assert (plan.tile_m, plan.tile_n, plan.num_threads, plan.num_stages) == (

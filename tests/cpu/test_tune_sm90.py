@@ -195,3 +195,8 @@ def test_held_backward_candidates(tune):
     assert list(tune.backward_candidates(HOPPER, wide, "bf16", held_modes=(True,))) == [
         "bwd-64x64-held", "bwd-64x48-held"
     ]
+    # d192: the tile with two Q stages and one dO stage is named apart from its one-stage twin.
+    d192 = Shape(dim=192, seqlen=4096, causal=False, batch=8, heads=10)
+    assert list(tune.backward_candidates(HOPPER, d192, "bf16")) == [
+        "bwd-64x96-q2do1", "bwd-64x96", "bwd-64x64"
+    ]

@@ -145,6 +145,15 @@ class FlashBackwardSm80(AttentionKernel):
                 cute.struct.MemRange[Float32, self.tile_m * 2 * self.num_stages], 16
             ]
 
+        # The planner sizes plans by this model (``can_implement_backward``): it must not
+        # undercount the struct.
+        smem_model = tiling.backward_smem_bytes(
+            self.head_dim, self.tile_m, self.tile_n, self.num_stages, self.head_dim_v
+        )
+        assert SharedStorage.size_in_bytes() <= smem_model, (
+            f"SharedStorage {SharedStorage.size_in_bytes()} bytes, tiling model {smem_model}"
+        )
+
         gmem_copy_async, gmem_copy_store = gmem_row_copies(self.dtype, tile_atom, self.num_threads)
 
         grid = (cute.ceil_div(mK.shape[1], self.tile_n), mK.shape[2], mK.shape[0])

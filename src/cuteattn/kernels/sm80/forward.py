@@ -140,6 +140,13 @@ class FlashForwardSm80(AttentionKernel):
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
 
+        # The planner sizes plans by this model (``tiling.can_implement``): it must not
+        # undercount the struct.
+        smem_model = tiling.smem_bytes(self.head_dim, self.tile_m, self.tile_n, self.head_dim_v)
+        assert SharedStorage.size_in_bytes() <= smem_model, (
+            f"SharedStorage {SharedStorage.size_in_bytes()} bytes, tiling model {smem_model}"
+        )
+
         gmem_copy_async, gmem_copy_store = gmem_row_copies(self.dtype, tile_atom, self.num_threads)
 
         # Warps stack along M; each warp owns 16 * k rows of the query tile.

@@ -81,12 +81,14 @@ def backward_smem_bytes(
     head_dim: int, tile_m: int, tile_n: int, num_stages: int = 1, head_dim_v: int | None = None
 ) -> int:
     """Q and dO tiles (num_stages each), K and V tiles, P and dS (tile_m x tile_n each), and
-    each stage's fp32 lse and dpsum; dO and V have ``head_dim_v`` columns (default head_dim)."""
+    each stage's fp32 lse and dpsum; dO and V have ``head_dim_v`` columns (default head_dim).
+    The kernel's struct is a whole number of its 1024-byte alignment."""
     head_dim_v = head_dim_v or head_dim
     query = num_stages * tile_m * (head_dim + head_dim_v)
     keys = tile_n * (head_dim + head_dim_v)
     rows_fp32 = 2 * num_stages * tile_m * 4
-    return (query + keys + 2 * tile_m * tile_n) * ELEM_BYTES + rows_fp32
+    total = (query + keys + 2 * tile_m * tile_n) * ELEM_BYTES + rows_fp32
+    return -(-total // 1024) * 1024
 
 
 def can_implement_backward(

@@ -94,6 +94,8 @@ from cuteattn.kernels.sm90.family import (
     backward_dq_single_wg,
     backward_dq_slots,
     backward_dq_splits_rows,
+    backward_do_stages,
+    backward_smem_bytes,
 )
 from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
 from cuteattn.kernels.sm90.smem import permuted, smem_layout, tma_tile, zero_rows_from
@@ -154,6 +156,8 @@ class FlashBackwardSm90(AttentionKernel):
         fields."""
         super().__init__(**shape)
         self.num_stages = num_stages
+        # dO's stages: Q's, or fewer (``family.BACKWARD_DO_STAGES``; the wide kernel only).
+        self.do_stages = backward_do_stages(self.head_dim, self.tile_m, self.tile_n, num_stages)
         self.deterministic = deterministic
         self.hold_descriptors = hold_descriptors
         self.num_consumer_threads = NUM_CONSUMER_WGS * THREADS_PER_WARPGROUP
@@ -314,12 +318,13 @@ class FlashBackwardSm90(AttentionKernel):
         sQ_layout = smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
         sKV_layout = smem_layout(self.dtype, self.tile_n, self.head_dim)
         # dO and V: dim_v columns (the same layouts where dim_v == dim).
-        sdO_layout = smem_layout(self.dtype, self.tile_m, self.head_dim_v, self.num_stages)
+        sdO_layout = smem_layout(self.dtype, self.tile_m, self.head_dim_v, self.do_stages)
         sV_layout = smem_layout(self.dtype, self.tile_n, self.head_dim_v)
         sK_layout = self.k_smem_layout()
         sPdS_layout = self.pds_layout()
         # lse and dpsum of a step's queries, one per Q / dO stage.
         sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
+        sDpsum_layout = cute.make_layout((self.tile_m, self.do_stages))
         # A buffer per warpgroup that hands dQ over, (rows, (chunk cols, warpgroup)): the wide
         # kernels' padded rows (split by dim, the two buffers side by side are the
         # (tile_m, head_dim) tile of dQ); in fragment order the same bytes hold each buffer's
@@ -341,7 +346,7 @@ class FlashBackwardSm90(AttentionKernel):
         @cute.struct
         class SharedStorage:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * self.do_stages]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
@@ -354,8 +359,17 @@ class FlashBackwardSm90(AttentionKernel):
             ]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16]
             sDpsum: cute.struct.Align[
-                cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 16
+                cute.struct.MemRange[Float32, cute.cosize(sDpsum_layout)], 16
             ]
+
+        # The planner sizes plans by the family's model of this struct (``can_implement``).
+        smem_model = backward_smem_bytes(
+            self.head_dim, self.tile_m, self.tile_n, self.num_stages, self.dq_slots,
+            self.head_dim_v,
+        )
+        assert SharedStorage.size_in_bytes() == smem_model, (
+            f"SharedStorage {SharedStorage.size_in_bytes()} bytes, family model {smem_model}"
+        )
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         q_stage_layout = cute.select(sQ_layout, mode=[0, 1])
@@ -486,9 +500,7 @@ class FlashBackwardSm90(AttentionKernel):
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         # K and V come on the first step's Q and dO barriers (``produce``).
         pipeline_q = self.tma_pipeline(storage.mbar_q.data_ptr(), self.num_stages, q_tile_bytes)
-        pipeline_do = self.tma_pipeline(
-            storage.mbar_do.data_ptr(), self.num_stages, do_tile_bytes
-        )
+        pipeline_do = self.tma_pipeline(storage.mbar_do.data_ptr(), self.do_stages, do_tile_bytes)
         pipeline.pipeline_init_arrive()
         pipeline.pipeline_init_wait()
 
@@ -499,7 +511,7 @@ class FlashBackwardSm90(AttentionKernel):
         sPdS = storage.sPdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout)
         sLSE = storage.sLSE.get_tensor(sRow_layout)
-        sDpsum = storage.sDpsum.get_tensor(sRow_layout)
+        sDpsum = storage.sDpsum.get_tensor(cute.make_layout((self.tile_m, self.do_stages)))
 
         if cutlass.const_expr(self.varlen):
             seqlen = SeqlenInfo.varlen(
@@ -557,6 +569,21 @@ class FlashBackwardSm90(AttentionKernel):
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
         return tma_pipeline(barriers, num_stages, tile_bytes, self.num_consumer_threads)
 
+    def pipeline_states(self, user_type):
+        """(Q's state, dO's or None) of a producer or consumer: None where dO's stages are Q's
+        (Q's state serves both: ``do_state``). Not one object under two names: the DSL
+        rebuilds each name's object after a dynamic branch, and a copy left behind would not
+        advance. The loops advance them in their own bodies, so that the DSL carries both."""
+        state = pipeline.make_pipeline_state(user_type, self.num_stages)
+        if cutlass.const_expr(self.do_stages == self.num_stages):
+            return state, None
+        return state, pipeline.make_pipeline_state(user_type, self.do_stages)
+
+    @staticmethod
+    def do_state(state, state_do):
+        """dO's pipeline state: its own, or Q's (``pipeline_states``)."""
+        return state if state_do is None else state_do
+
     @staticmethod
     def step_tile(step: Int32, *, head_kv, group, m_block_min, num_m_blocks):
         """(query head, m_block) of loop step ``step``: the group's heads, then query tiles."""
@@ -596,46 +623,57 @@ class FlashBackwardSm90(AttentionKernel):
             pipeline_do=pipeline_do, batch=batch, steps=steps, seqlen=seqlen,
         )
         num_steps = steps["group"] * steps["num_m_blocks"]
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        state, state_do = self.pipeline_states(pipeline.PipelineUserType.Producer)
         # A key tile that visits no query tile (a window; varlen, a tile past its sequence's
         # keys) loads nothing.
         if num_steps > 0:
-            self.load_step(Int32(0), state, keys=keys, kv_tile_bytes=kv_tile_bytes, **rows)
+            self.load_step(
+                Int32(0), state, state_do, keys=keys, kv_tile_bytes=kv_tile_bytes, **rows
+            )
         state.advance()  # (unused without steps)
+        if cutlass.const_expr(state_do is not None):
+            state_do.advance()
         for step in cutlass.range(1, num_steps, unroll=1):
-            self.load_step(step, state, **rows)
+            self.load_step(step, state, state_do, **rows)
             state.advance()
+            if cutlass.const_expr(state_do is not None):
+                state_do.advance()
 
     def load_step(
-        self, step: Int32, state, *, tQ, tdO, mLSE, mDpsum, sQ, sdO, sLSE, sDpsum, tma_atom_q,
+        self, step: Int32, state, state_do, *, tQ, tdO, mLSE, mDpsum, sQ, sdO, sLSE, sDpsum,
+        tma_atom_q,
         tma_atom_do, pipeline_q, pipeline_do, batch: Int32, steps: dict, seqlen: SeqlenInfo,
         keys: dict | None = None, kv_tile_bytes=None,
     ):
-        """Q (+ lse) and dO (+ dpsum) of one step into ``state``'s stages; with ``keys``, K and
+        """Q (+ lse) and dO (+ dpsum) of one step into the stages of ``state`` and dO's state
+        (``pipeline_states``); with ``keys``, K and
         V onto the same barriers (their bytes added to each barrier's expected count before
         any copy is issued, so that its phase cannot complete without them), and lse / dpsum
         only after K, Q, V and dO are issued and the preprocess has completed."""
         head, m_block = self.step_tile(step, **steps)
         stats = []
-        for atom, smem, tensor, ring, mRow, sRow, columns, operand in (
-            (tma_atom_q, sQ, tQ, pipeline_q, mLSE, sLSE, self.head_dim, 0),
-            (tma_atom_do, sdO, tdO, pipeline_do, mDpsum, sDpsum, self.head_dim_v, 1),
+        for atom, smem, tensor, ring, ring_state, mRow, sRow, columns, operand in (
+            (tma_atom_q, sQ, tQ, pipeline_q, state, mLSE, sLSE, self.head_dim, 0),
+            (
+                tma_atom_do, sdO, tdO, pipeline_do, self.do_state(state, state_do), mDpsum,
+                sDpsum, self.head_dim_v, 1,
+            ),
         ):
             t_smem, t_gmem = tma_tile(
                 atom, smem, self.tma_rows(tensor, head, batch, seqlen, keys=False),
                 (self.tile_m, columns), (m_block, 0),
             )
-            ring.producer_acquire(state)
-            barrier = ring.producer_get_barrier(state)
+            ring.producer_acquire(ring_state)
+            barrier = ring.producer_get_barrier(ring_state)
             if cutlass.const_expr(keys is not None):
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_expect_tx(barrier, kv_tile_bytes[operand])
                 self.load_key_operand(operand, barrier, **keys)
-            cute.copy(atom, t_gmem, t_smem[None, state.index], tma_bar_ptr=barrier)
+            cute.copy(atom, t_gmem, t_smem[None, ring_state.index], tma_bar_ptr=barrier)
             if cutlass.const_expr(keys is None):
-                self.load_row_stats(mRow, sRow, barrier, state, head, m_block, batch, seqlen)
+                self.load_row_stats(mRow, sRow, barrier, ring_state, head, m_block, batch, seqlen)
             else:
-                stats.append((mRow, sRow, barrier))
+                stats.append((mRow, sRow, barrier, ring_state))
         if cutlass.const_expr(keys is not None):
             # Launched as the preprocess's dependent (programmatic dependent launch): K, Q, V
             # and dO (inputs) load while it finishes; lse_log2 and dpsum, its outputs, only
@@ -643,8 +681,8 @@ class FlashBackwardSm90(AttentionKernel):
             # else here reads what it writes; without a preceding primary grid the wait
             # returns at once.)
             cute.arch.griddepcontrol_wait()
-            for mRow, sRow, barrier in stats:
-                self.load_row_stats(mRow, sRow, barrier, state, head, m_block, batch, seqlen)
+            for mRow, sRow, barrier, ring_state in stats:
+                self.load_row_stats(mRow, sRow, barrier, ring_state, head, m_block, batch, seqlen)
 
     def load_row_stats(
         self, mRow, sRow, barrier, state, head, m_block, batch: Int32, seqlen: SeqlenInfo
@@ -687,11 +725,9 @@ class FlashBackwardSm90(AttentionKernel):
         fixed length, wait for nothing here."""
         if cutlass.const_expr(self.varlen):
             if (n_block + 1) * self.tile_n > seqlen.seqlen_k and num_steps > 0:
-                state = pipeline.make_pipeline_state(
-                    pipeline.PipelineUserType.Consumer, self.num_stages
-                )
+                state, state_do = self.pipeline_states(pipeline.PipelineUserType.Consumer)
                 pipeline_q.consumer_wait(state)
-                pipeline_do.consumer_wait(state)
+                pipeline_do.consumer_wait(self.do_state(state, state_do))
                 self.zero_keys_past_sequence(sK, sV, seqlen, n_block, tidx)
 
     # ---- dQ writer: bulk reductions from shared memory ----------------------------------------
@@ -946,6 +982,7 @@ class FlashBackwardSm90(AttentionKernel):
             pipeline_q, pipeline_do, sK, sV, seqlen, n_block, tidx,
             steps["group"] * steps["num_m_blocks"],
         )
+        assert self.do_stages == self.num_stages, "dO's stages are Q's here (one state)"
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
@@ -956,7 +993,7 @@ class FlashBackwardSm90(AttentionKernel):
             pipeline_q.consumer_wait(state, pipeline_q.consumer_try_wait(state))
             if cutlass.const_expr(self.varlen):
                 self.zero_queries_past_sequence(
-                    sQ, sdO, pipeline_do, state, seqlen, m_block
+                    sQ, sdO, pipeline_do, state, None, seqlen, m_block
                 )
             acc_St = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
             gemm(tiled_mma_sdp, acc_St, tSrK, operand_stage(tSrQ, state.index),
@@ -1185,21 +1222,24 @@ class FlashBackwardSm90(AttentionKernel):
             )
 
     @cute.jit
-    def zero_queries_past_sequence(self, sQ, sdO, pipeline_do, state, seqlen: SeqlenInfo, m_block):
+    def zero_queries_past_sequence(
+        self, sQ, sdO, pipeline_do, state, state_do, seqlen: SeqlenInfo, m_block
+    ):
         """A query tile that crosses the sequence's end (Q's stage already waited for): its Q and
         dO rows past the sequence, once dO has landed too. Every consumer warpgroup writes all
         of them (the same zeros, a benign race) and waits for its own threads only; the other
         steps keep waiting for dO after the S GEMM is issued."""
         rows_left = seqlen.seqlen_q - m_block * self.tile_m
+        state_do = self.do_state(state, state_do)
         if rows_left < self.tile_m:
-            pipeline_do.consumer_wait(state, pipeline_do.consumer_try_wait(state))
+            pipeline_do.consumer_wait(state_do, pipeline_do.consumer_try_wait(state_do))
             wg_idx = cute.arch.make_warp_uniform(
                 (cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP) // THREADS_PER_WARPGROUP
             )
             wg_tidx = cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP
-            for stages in (sQ, sdO):
+            for stages, stage in ((sQ, state.index), (sdO, state_do.index)):
                 self.zero_rows_past(
-                    stages[None, None, state.index], rows_left, wg_tidx, THREADS_PER_WARPGROUP,
+                    stages[None, None, stage], rows_left, wg_tidx, THREADS_PER_WARPGROUP,
                     int(BackwardBarrier.ZEROED) + wg_idx,
                 )
 

@@ -43,7 +43,7 @@ from cuteattn.kernels.sm90.backward import (
     consumer_thread,
 )
 from cuteattn.kernels.sm90.family import WIDE_BACKWARD_SPLIT_DIM
-from cuteattn.kernels.sm90.smem import smem_layout
+from cuteattn.kernels.sm90.smem import smem_layout, tma_tile
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
     HeldStages,
@@ -182,15 +182,16 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             pipeline_q, pipeline_do, sK, sV, seqlen, n_block, tidx,
             steps["group"] * steps["num_m_blocks"],
         )
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        state, state_do = self.pipeline_states(pipeline.PipelineUserType.Consumer)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
+            do_state = self.do_state(state, state_do)  # advanced with Q's, or its own
 
             # 1. S = Q K^T, dP = dO V^T; lse of this thread's rows read while they run.
             pipeline_q.consumer_wait(state, pipeline_q.consumer_try_wait(state))
             if cutlass.const_expr(self.varlen):
                 self.zero_queries_past_sequence(
-                    sQ, sdO, pipeline_do, state, seqlen, m_block
+                    sQ, sdO, pipeline_do, state, state_do, seqlen, m_block
                 )
             acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_s), Float32)
             gemm(tiled_mma_sdp, acc_S, operand_stage(tSrQ, state.index), tSrK,
@@ -198,9 +199,9 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             row_lse = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
                 row_lse[r] = sLSE[s_coords[r, 0][0], state.index]
-            pipeline_do.consumer_wait(state, pipeline_do.consumer_try_wait(state))
+            pipeline_do.consumer_wait(do_state, pipeline_do.consumer_try_wait(do_state))
             acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_s), Float32)
-            gemm(tiled_mma_sdp, acc_dP, operand_stage(tdPrdO, state.index), tdPrV,
+            gemm(tiled_mma_sdp, acc_dP, operand_stage(tdPrdO, do_state.index), tdPrV,
                  zero_init=True, wait_groups=1)
 
             # 2. soft-cap, mask (only tiles that hold a hidden key), P from the forward's lse
@@ -234,7 +235,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             # 3. dS = P (dP - dpsum)
             row_dpsum = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
-                row_dpsum[r] = sDpsum[s_coords[r, 0][0], state.index]
+                row_dpsum[r] = sDpsum[s_coords[r, 0][0], do_state.index]
             warpgroup.wait_group(0)
             dscores = acc_as_rows_cols(acc_dP)
             for r in cutlass.range_constexpr(num_rows):
@@ -248,7 +249,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             cute.arch.barrier(barrier_id=pds_ready, number_of_threads=pds_threads)
 
             # 4. dV^T += dO^T P, dK^T += Q^T dS
-            gemm(tiled_mma_dkv, acc_dVt, operand_stage(tdVrdOt, state.index), tdVrPt,
+            gemm(tiled_mma_dkv, acc_dVt, operand_stage(tdVrdOt, do_state.index), tdVrPt,
                  zero_init=False, wait_groups=-1)
             gemm(tiled_mma_dkv, acc_dKt, operand_stage(tdKrQt, state.index), tdKrdSt,
                  zero_init=False, wait_groups=-1)
@@ -265,20 +266,71 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
                 gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrK, zero_init=True, wait_groups=0)
                 if cutlass.const_expr(dq_pass == 0):
                     # dV and dK (issued before) are done: Q and dO of this stage are free.
-                    pipeline_do.consumer_release(state)
+                    pipeline_do.consumer_release(do_state)
                     pipeline_q.consumer_release(state)
                 self.hand_over_dq(acc_dQ, tdQsdQ, wg_idx)
             state.advance()
+            if cutlass.const_expr(state_do is not None):
+                state_do.advance()
 
-        # ---- Epilogue: dK, dV from the transposed accumulators, keys past seqlen_k skipped --
+        # ---- Epilogue: dK, dV from the transposed accumulators --------------------------------
         for i in cutlass.range_constexpr(cute.size(acc_dKt)):
             acc_dKt[i] = acc_dKt[i] * softmax_scale
+        if cutlass.const_expr(self.varlen):
+            self.store_dkv_per_element(acc_dKt, acc_dVt, thr_dkv, mdK, mdV, seqlen, n_block,
+                                       batch, steps)
+        else:
+            self.store_dkv_transposed(acc_dKt, acc_dVt, sK, sV, thr_dkv, dkv_out, n_block,
+                                      batch, steps)
+
+    @cute.jit
+    def store_dkv_transposed(
+        self, acc_dKt, acc_dVt, sK, sV, thr_dkv, dkv_out: dict, n_block: Int32, batch: Int32,
+        steps: dict,
+    ):
+        """dK^T, dV^T (accumulators, dK^T scaled) -> K's and V's buffers through their
+        transposed (dim, keys) views -> global with one TMA store each (clipped to seqlen_k and
+        to the inputs' columns); the first consumer warp issues them and waits until they have
+        read shared memory. A CTA's dK / dV leave in two bulk copies instead of a 2-byte
+        global store per element and thread (a tenth of a short row's time at 1k)."""
+        tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
+        # Every consumer is past its last GEMM that reads K or V (the producer loaded them once).
+        self.epilogue_sync()
+        for acc, smem in ((acc_dKt, sK), (acc_dVt, sV)):
+            values = cute.make_fragment_like(acc, self.dtype)
+            values.store(acc.load().to(self.dtype))
+            cute.autovec_copy(values, thr_dkv.partition_C(transposed(smem)))
+        # Generic-proxy writes must be visible to the TMA (async proxy) before it reads them.
+        cute.arch.fence_view_async_shared()
+        self.epilogue_sync()
+        if tidx < cute.arch.WARP_SIZE:
+            for atom, smem, tensor, columns in (
+                (dkv_out["tma_atom_dk"], sK, dkv_out["tdK"], self.head_dim),
+                (dkv_out["tma_atom_dv"], sV, dkv_out["tdV"], self.head_dim_v),
+            ):
+                t_smem, t_gmem = tma_tile(
+                    atom, smem, tensor[None, None, steps["head_kv"], batch],
+                    (self.tile_n, columns), (n_block, 0),
+                )
+                cute.copy(atom, t_smem, t_gmem)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def store_dkv_per_element(
+        self, acc_dKt, acc_dVt, thr_dkv, mdK, mdV, seqlen: SeqlenInfo, n_block: Int32,
+        batch: Int32, steps: dict,
+    ):
+        """A packed (varlen) batch's dK^T, dV^T (dK^T scaled) straight to global, element by
+        element, the sequence's keys only (a TMA box would write the next sequence's rows)."""
         keys_left = seqlen.seqlen_k - n_block * self.tile_n
+        tile_kvt = (self.head_dim, self.tile_n)  # dK^T
+        tile_vt = (self.head_dim_v, self.tile_n)  # dV^T (dim_v rows)
         for acc, mgrad, tile_t in ((acc_dKt, mdK, tile_kvt), (acc_dVt, mdV, tile_vt)):
             columns = tile_t[0]  # the kernel's: head_dim, or dim_v for dV
             kvt_coords = tile_coords(thr_dkv, tile_t)
             gX = cute.local_tile(
-                seqlen.rows(mgrad, batch, steps["head_kv"], keys=True, packed=self.varlen),
+                seqlen.rows(mgrad, batch, steps["head_kv"], keys=True, packed=True),
                 (self.tile_n, columns),
                 (n_block, 0),
             )

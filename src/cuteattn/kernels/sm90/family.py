@@ -177,18 +177,24 @@ def default_pingpong(head_dim: int, tile_m: int) -> bool:
 # (FlashAttention-3/4's tile: 1.04-1.13x faster than 64 on the H200), d128 keeps 64 (80, FA4's
 # non-causal choice, ran 0.84-0.88x as fast here; 80 is no multiple of WGMMA's M: dQ computed
 # transposed, ``FlashBackwardSm90.dq_transposed``). 192 and 256 (kernels/sm90/backward_wide.py):
-# dK^T and dV^T with head_dim along WGMMA's M; d192 runs 96 keys per CTA with one Q / dO stage
-# (FlashAttention-4's 96 keys; 1.04-1.18x faster than 64 keys with two stages, twenty-first
-# session), d256 64 keys with one stage (FlashAttention-4's choice: 1.10-1.20x faster than 48
-# keys with two). Timings: ``scripts/tune_sm90.py --mode bwd``, docs/PERF.md.
+# dK^T and dV^T with head_dim along WGMMA's M; d192 runs FlashAttention-4's tile, 96 keys per
+# CTA with two Q stages and one dO stage (BACKWARD_DO_STAGES; 1.00-1.13x faster than one stage
+# of each, which is 1.04-1.18x faster than 64 keys with two stages: twenty-first and
+# twenty-second sessions), d256 64 keys with one stage (FlashAttention-4's choice: 1.10-1.20x
+# faster than 48 keys with two). Timings: ``scripts/tune_sm90.py --mode bwd``, docs/PERF.md.
 BACKWARD_TILES = {
     64: ((128, 128, 2), (64, 128, 2)),
     96: ((64, 128, 2),),
     128: ((64, 128, 2), (80, 128, 2)),
-    192: ((64, 96, 1), (64, 64, 2)),
+    192: ((64, 96, 2), (64, 96, 1), (64, 64, 2)),
     256: ((64, 64, 1), (64, 48, 2)),
 }
 BACKWARD_HEAD_DIMS = tuple(BACKWARD_TILES)
+# Tiles whose dO keeps fewer stages than Q, (head_dim, tile_m, tile_n, Q stages): dO stages.
+# d192's 64 x 96 with two Q stages and one dO stage is FlashAttention-4's d192 tile: the next
+# step's Q loads while a step runs (its S GEMM comes first), dO only after the step's dV and
+# dK GEMMs have read it; two stages of both do not fit (244 KB).
+BACKWARD_DO_STAGES = {(192, 64, 96, 2): 1}
 BACKWARD_THREADS = 384
 # Wide head dims: whether the warpgroups split head_dim (else the keys) for dK / dV. dQ is
 # always split by columns (WIDE_DQ_CHUNK).
@@ -280,23 +286,32 @@ def backward_dq_slots(
     return 2 if two_fit else 1
 
 
+def backward_do_stages(head_dim: int, tile_m: int, tile_n: int, stages: int) -> int:
+    """dO's stages in the backward tile (tile_m, tile_n) with ``stages`` Q stages: as many as
+    Q's but where ``BACKWARD_DO_STAGES`` says fewer."""
+    return BACKWARD_DO_STAGES.get((head_dim, tile_m, tile_n, stages), stages)
+
+
 def backward_smem_bytes(
-    head_dim: int, tile_m: int, tile_n: int, stages: int, dq_slots: int = 1
+    head_dim: int, tile_m: int, tile_n: int, stages: int, dq_slots: int = 1,
+    head_dim_v: int | None = None,
 ) -> int:
     """The backward kernel's shared storage, laid out as its SharedStorage is: the barriers (in
-    the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), two stages
-    of Q and dO (tile_m rows), two bf16 tile_m x tile_n buffers (dS^T twice, or P and dS), a
-    fp32 dQ buffer per consumer warpgroup that hands dQ over (``backward_dq_buffers``) and slot
-    (``dq_slots``) for the bulk reductions; then lse and dpsum
-    per stage (checked against the compiled kernels' launch sizes: equal for every offered
-    tile)."""
+    the first 1024-byte block), then, each 1024-byte aligned, K and V (tile_n rows), the stages
+    of Q and of dO (tile_m rows; ``backward_do_stages``), two bf16 tile_m x tile_n buffers (dS^T
+    twice, or P and dS), a fp32 dQ buffer per consumer warpgroup that hands dQ over
+    (``backward_dq_buffers``) and slot (``dq_slots``) for the bulk reductions; then lse per Q
+    stage and dpsum per dO stage. V and dO have ``head_dim_v`` columns (default head_dim). The
+    kernel asserts its struct's size equals this at compile time."""
+    head_dim_v = head_dim_v or head_dim
+    do_stages = backward_do_stages(head_dim, tile_m, tile_n, stages)
     chunks, row_pad = backward_dq_chunks(head_dim, tile_m)
     buffer_rows = tile_m // 2 if backward_dq_splits_rows(head_dim, tile_m) else tile_m
     buffers = (
         tile_n * head_dim * tiling.ELEM_BYTES,  # K
-        tile_n * head_dim * tiling.ELEM_BYTES,  # V
+        tile_n * head_dim_v * tiling.ELEM_BYTES,  # V
         stages * tile_m * head_dim * tiling.ELEM_BYTES,  # Q
-        stages * tile_m * head_dim * tiling.ELEM_BYTES,  # dO
+        do_stages * tile_m * head_dim_v * tiling.ELEM_BYTES,  # dO
         2 * tile_n * tile_m * tiling.ELEM_BYTES,  # P / dS
         # dQ: a buffer per warpgroup that hands dQ over and slot, each its half of the rows
         # or all.
@@ -307,7 +322,9 @@ def backward_smem_bytes(
         return -(-nbytes // SMEM_ALIGN) * SMEM_ALIGN
 
     # The struct's size is a whole number of its largest alignment.
-    return align(SMEM_ALIGN + sum(align(nbytes) for nbytes in buffers) + 2 * stages * tile_m * 4)
+    return align(
+        SMEM_ALIGN + sum(align(nbytes) for nbytes in buffers) + (stages + do_stages) * tile_m * 4
+    )
 
 
 class Sm90Family(KernelFamily):
@@ -463,6 +480,7 @@ class Sm90Family(KernelFamily):
                         plan.head_dim, plan.tile_m, plan.tile_n, plan.num_stages,
                         plan.option("deterministic", False),
                     ),
+                    plan.option("dim_v"),
                 ) <= arch.smem_per_block
             )
         names = tuple(name for name, _ in family_options(plan))

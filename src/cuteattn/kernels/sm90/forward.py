@@ -334,6 +334,16 @@ class FlashForwardSm90(AttentionKernel):
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
 
+        # The planner sizes plans by ``tiling.smem_bytes`` (its 1024 bytes of slack hold the
+        # barrier block): it must not undercount the struct.
+        smem_model = tiling.smem_bytes(
+            self.head_dim, self.tile_m, self.tile_n, self.num_stages, self.separate_o,
+            self.head_dim_v, self.q_stages,
+        )
+        assert SharedStorage.size_in_bytes() <= smem_model, (
+            f"SharedStorage {SharedStorage.size_in_bytes()} bytes, tiling model {smem_model}"
+        )
+
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         sQ_tile_layout = self.query_smem(sQ_stage_layout)
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
