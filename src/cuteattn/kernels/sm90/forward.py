@@ -199,10 +199,10 @@ class FlashForwardSm90(AttentionKernel):
         loads while this one's key tiles still read their own. eager_rescale: O rescaled at
         every key tile, else lazily (``RESCALE_THRESHOLD``; ``family.default_eager_rescale``
         says where each pays). rescale_before_pv: O rescaled while S = Q K^T of the next
-        key tile is in flight instead of after the softmax (None: where dim_v > 128). shape:
-        ``AttentionKernel``'s fields. hold_descriptors: the GEMMs' shared-memory descriptors
-        computed once (Q per work tile, K and V per kernel) and kept in registers
-        (``warpgroup.HeldStages``)."""
+        key tile is in flight instead of after the softmax (None: where dim_v > 128, and at
+        d128). shape: ``AttentionKernel``'s fields. hold_descriptors: the GEMMs'
+        shared-memory descriptors computed once (Q per work tile, K and V per kernel) and kept
+        in registers (``warpgroup.HeldStages``)."""
         super().__init__(**shape)
         self.sink = sink
         # Every that-many-th exponential of the softmax on the FMA pipe (soft-capping: the
@@ -239,10 +239,11 @@ class FlashForwardSm90(AttentionKernel):
         # Consumer warpgroups with no rows in a query tile skip its GEMMs (``drain_tiles``):
         # whole 64-row warpgroup shares of the tile's rows (not packed GQA).
         self.skips_idle_warpgroups = self.num_consumer_wgs > 1 and pack_gqa == 1
-        # Large head dims: rescale O while S = Q K^T is in flight rather than after softmax,
-        # which keeps the (large) O rescale off the critical path.
+        # From d128: rescale O while S = Q K^T is in flight rather than after softmax, which
+        # keeps the (large) O rescale off the critical path. d128 timed in the twenty-second
+        # session (docs/PERF.md): dense +1-3%, causal 4k / 16k +2-7%, 1k within 0.3%.
         if rescale_before_pv is None:
-            rescale_before_pv = self.head_dim_v > 128
+            rescale_before_pv = self.head_dim_v > 128 or self.head_dim == 128
         self.rescale_o_before_pv = rescale_before_pv
         # The consumer threads' barrier around the O tile in shared memory.
         self.epilogue_sync = functools.partial(
