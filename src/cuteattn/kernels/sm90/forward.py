@@ -239,9 +239,10 @@ class FlashForwardSm90(AttentionKernel):
         # Consumer warpgroups with no rows in a query tile skip its GEMMs (``drain_tiles``):
         # whole 64-row warpgroup shares of the tile's rows (not packed GQA).
         self.skips_idle_warpgroups = self.num_consumer_wgs > 1 and pack_gqa == 1
-        # From d128: rescale O while S = Q K^T is in flight rather than after softmax, which
-        # keeps the (large) O rescale off the critical path. d128 timed in the twenty-second
-        # session (docs/PERF.md): dense +1-3%, causal 4k / 16k +2-7%, 1k within 0.3%.
+        # At d128 and where dim_v > 128 (not d192 with dim_v 128): rescale O while S = Q K^T
+        # is in flight rather than after softmax, which keeps the (large) O rescale off the
+        # critical path. d128 timed in the twenty-second session (docs/PERF.md): dense +1-3%,
+        # causal 4k / 16k +2-7%, 1k within 0.3%.
         if rescale_before_pv is None:
             rescale_before_pv = self.head_dim_v > 128 or self.head_dim == 128
         self.rescale_o_before_pv = rescale_before_pv
