@@ -76,12 +76,11 @@ from cuteattn.kernels.common import turns
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_same_dtype
 from cuteattn.kernels.common.convert import convert_packed
-from cuteattn.kernels.common.epilogue import store_o
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.opaque import computed_here
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
-from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
+from cuteattn.kernels.common.smem_tiles import transposed
 from cuteattn.kernels.common.tile_scheduler import (
     LinearTileCounts,
     LinearTileScheduler,
@@ -98,7 +97,8 @@ from cuteattn.kernels.sm90.family import (
     backward_smem_bytes,
 )
 from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
-from cuteattn.kernels.sm90.smem import permuted, smem_layout, tma_tile, zero_rows_from
+from cuteattn.kernels.sm90.ragged import ragged_tma_view, sequence_rows
+from cuteattn.kernels.sm90.smem import permuted, smem_layout, tma_tile
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
     HeldStages,
@@ -133,11 +133,8 @@ class BackwardBarrier(enum.IntEnum):
     # The second dQ buffers' pair (``dq_slots`` 2): DQ_EMPTY and DQ_FULL + DQ_SECOND_SLOT.
     DQ_EMPTY_SECOND = 12
     DQ_FULL_SECOND = 14
-    # Consumers (256 threads): done with K and V, then dK and dV are in their buffers (and,
-    # varlen, K's and V's rows past the sequence's keys are zeroed).
+    # Consumers (256 threads): done with K and V, then dK and dV are in their buffers.
     EPILOGUE = 9
-    # Varlen: a consumer warpgroup has zeroed a Q / dO stage's rows past the sequence (+wg).
-    ZEROED = 10
     # The wide variant's single P / dS buffers are free again (backward_wide.py).
     PDS_FREE = 7
 
@@ -310,10 +307,17 @@ class FlashBackwardSm90(AttentionKernel):
                 num_heads=num_heads_kv, num_batches=mCuSeqlensQ.shape[0] - 1,
             )
             grid = VarlenTileScheduler.grid_shape(tile_counts)
-        # TMA boxes tile the first two modes: (seqlen, dim, heads, batch).
-        tQ, tK, tV, tdO, tdK, tdV = (
-            permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)
-        )
+        # TMA boxes tile the first two modes: (seqlen, dim, heads, batch); a packed batch's
+        # (1, total, heads, dim) as ragged views (``ragged``: boxes stop at each sequence's end).
+        if cutlass.const_expr(self.varlen):
+            tQ, tK, tV, tdO, tdK, tdV = (
+                ragged_tma_view(permuted(t[0, None, None, None], [0, 2, 1]))
+                for t in (mQ, mK, mV, mdO, mdK, mdV)
+            )
+        else:
+            tQ, tK, tV, tdO, tdK, tdV = (
+                permuted(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)
+            )
 
         sQ_layout = smem_layout(self.dtype, self.tile_m, self.head_dim, self.num_stages)
         sKV_layout = smem_layout(self.dtype, self.tile_n, self.head_dim)
@@ -593,12 +597,13 @@ class FlashBackwardSm90(AttentionKernel):
 
     def tma_rows(self, tensor, head, batch, seqlen: SeqlenInfo, *, keys: bool):
         """The (seqlen, dim) TMA view of one head: of its batch, or varlen, of its sequence
-        (a TMA box takes any first row; rows past the sequence are the next one's, masked or
-        multiplied by P = 0, and TMA zero-fills past the packed tensor)."""
+        (``ragged.sequence_rows``). Either way TMA loads zeros past the sequence's rows (its
+        queries, or its keys used) and stores stop there."""
         if cutlass.const_expr(not self.varlen):
             return tensor[None, None, head, batch]
-        offset = seqlen.offset_k if keys else seqlen.offset_q
-        return cute.domain_offset((offset, 0), tensor[None, None, head, 0])
+        if cutlass.const_expr(keys):
+            return sequence_rows(tensor, head, seqlen.offset_k, seqlen.seqlen_k)
+        return sequence_rows(tensor, head, seqlen.offset_q, seqlen.seqlen_q)
 
     @cute.jit
     def produce(
@@ -611,8 +616,7 @@ class FlashBackwardSm90(AttentionKernel):
         before that Q, V on its dO barrier, before that dO, so that the first S^T = K Q^T
         waits for K and Q only (not for V too: 16 KB more at d64, 32 KB at d128; one CTA per
         SM, each CTA's first loads are exposed, and a causal 1k CTA runs 1-8 steps). Varlen
-        alike (a key tile that crosses its sequence's end is zeroed past it by the consumers,
-        ``wait_for_key_tile``)."""
+        alike (rows past the sequence's end load as zeros: ``tma_rows``)."""
         keys = dict(
             tK=tK, tV=tV, sK=sK, sV=sV, tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v,
             n_block=n_block, batch=batch, head_kv=steps["head_kv"], seqlen=seqlen,
@@ -710,27 +714,6 @@ class FlashBackwardSm90(AttentionKernel):
             (self.tile_n, columns), (n_block, 0),
         )
         cute.copy(atom, t_gmem, t_smem, tma_bar_ptr=barrier)
-
-    @cute.jit
-    def wait_for_key_tile(
-        self, pipeline_q, pipeline_do, sK, sV, seqlen: SeqlenInfo, n_block: Int32, tidx,
-        num_steps: Int32,
-    ):
-        """K and V came with the first step's Q and dO (``produce``): that step's waits cover
-        them. Varlen, a key tile that crosses its sequence's end: TMA loaded the next
-        sequence's rows (or zeros past the packed tensor) after its keys, and P = 0 times a
-        NaN there would still be NaN: the consumers wait for the first step's Q and dO here
-        and zero those rows of K and V (the loop's own waits for that step then return at
-        once: the stage is not released before the step). Tiles within their sequence, as
-        fixed length, wait for nothing here."""
-        if cutlass.const_expr(self.varlen):
-            if (n_block + 1) * self.tile_n > seqlen.seqlen_k and num_steps > 0:
-                state, state_do = self.pipeline_states(pipeline.PipelineUserType.Consumer)
-                pipeline_q.consumer_wait(state)
-                pipeline_do.consumer_wait(self.do_state(state, state_do))
-                self.zero_keys_past_sequence(sK, sV, seqlen, n_block, tidx)
-
-    # ---- dQ writer: bulk reductions from shared memory ----------------------------------------
 
     @cute.jit
     def add_dq_block(
@@ -978,10 +961,6 @@ class FlashBackwardSm90(AttentionKernel):
             Int32((n_block + 1) * self.tile_n > seqlen.seqlen_k)
         ) != 0
 
-        self.wait_for_key_tile(
-            pipeline_q, pipeline_do, sK, sV, seqlen, n_block, tidx,
-            steps["group"] * steps["num_m_blocks"],
-        )
         assert self.do_stages == self.num_stages, "dO's stages are Q's here (one state)"
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
@@ -991,10 +970,6 @@ class FlashBackwardSm90(AttentionKernel):
             # 1. S^T = K Q^T, dP^T = V dO^T; per-query lse of this thread's columns read while
             # they run.
             pipeline_q.consumer_wait(state, pipeline_q.consumer_try_wait(state))
-            if cutlass.const_expr(self.varlen):
-                self.zero_queries_past_sequence(
-                    sQ, sdO, pipeline_do, state, None, seqlen, m_block
-                )
             acc_St = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_st), Float32)
             gemm(tiled_mma_sdp, acc_St, tSrK, operand_stage(tSrQ, state.index),
                  zero_init=True, wait_groups=-1)
@@ -1101,14 +1076,9 @@ class FlashBackwardSm90(AttentionKernel):
         # ---- Epilogue: dK, dV through K's and V's buffers, one TMA store each --------------------
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * softmax_scale
-        if cutlass.const_expr(self.varlen):
-            self.store_dkv_rows(
-                acc_dK, acc_dV, sK, sV, tiled_mma_dkv, mdK, mdV, n_block, batch, steps, seqlen
-            )
-        else:
-            self.store_dkv(
-                acc_dK, acc_dV, sK, sV, tiled_mma_dkv, dkv_out, n_block, batch, steps
-            )
+        self.store_dkv(
+            acc_dK, acc_dV, sK, sV, tiled_mma_dkv, dkv_out, n_block, batch, steps, seqlen
+        )
 
     def dq_and_dk(
         self, tiled_mma_dq, tiled_mma_dkv, thr_dq, acc_dK, pipeline_do, state, wg_idx, *,
@@ -1134,11 +1104,12 @@ class FlashBackwardSm90(AttentionKernel):
     @cute.jit
     def store_dkv(
         self, acc_dK, acc_dV, sK, sV, tiled_mma_dkv, dkv_out: dict, n_block: Int32,
-        batch: Int32, steps: dict,
+        batch: Int32, steps: dict, seqlen: SeqlenInfo,
     ):
         """dK, dV (accumulators, dK already scaled) -> K's and V's buffers with stmatrix ->
-        global with one TMA store each, clipped to seqlen_k; the first consumer warp issues
-        them and waits until they have read shared memory."""
+        global with one TMA store each, clipped to seqlen_k (varlen: to the sequence's keys,
+        ``tma_rows``); the first consumer warp issues them and waits until they have read
+        shared memory."""
         tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
         rdK = cute.make_fragment_like(acc_dK, self.dtype)
         rdK.store(acc_dK.load().to(self.dtype))
@@ -1165,83 +1136,11 @@ class FlashBackwardSm90(AttentionKernel):
                 (dkv_out["tma_atom_dk"], sK, dkv_out["tdK"]),
                 (dkv_out["tma_atom_dv"], sV, dkv_out["tdV"]),
             ):
-                t_smem, t_gmem = tma_tile(
-                    atom, smem, tensor[None, None, steps["head_kv"], batch], tile_kv, (n_block, 0)
-                )
+                rows = self.tma_rows(tensor, steps["head_kv"], batch, seqlen, keys=True)
+                t_smem, t_gmem = tma_tile(atom, smem, rows, tile_kv, (n_block, 0))
                 cute.copy(atom, t_smem, t_gmem)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def store_dkv_rows(
-        self, acc_dK, acc_dV, sK, sV, tiled_mma_dkv, mdK, mdV, n_block: Int32, batch: Int32,
-        steps: dict, seqlen: SeqlenInfo,
-    ):
-        """A packed (varlen) batch's dK, dV: through K's and V's buffers to 128-bit row stores
-        of the sequence's keys only (a TMA box would write the next sequence's rows)."""
-        tidx = cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP
-        # Every consumer is past its last GEMM that reads K or V (the producer loaded them once).
-        self.epilogue_sync()
-        _, row_store = gmem_row_copies(
-            self.dtype, smem_tile_atom(self.dtype, self.head_dim), self.num_consumer_threads
-        )
-        stmatrix = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
-        )
-        keys_left = seqlen.seqlen_k - n_block * self.tile_n
-        columns = None
-        if cutlass.const_expr(mdK.shape[3] != self.head_dim):
-            columns = mdK.shape[3]  # a padded head dim: the inputs' columns only
-        for acc, smem, mgrad in ((acc_dK, sK, mdK), (acc_dV, sV, mdV)):
-            rows = seqlen.rows(mgrad, batch, steps["head_kv"], keys=True, packed=True)
-            store_o(
-                acc, smem, cute.local_tile(rows, (self.tile_n, self.head_dim), (n_block, 0)),
-                keys_left, tiled_mma=tiled_mma_dkv, gmem_tiled_copy=row_store, tidx=tidx,
-                sync=self.epilogue_sync, smem_copy_atom=stmatrix, columns=columns,
-            )
-
-    @cute.jit
-    def zero_rows_past(
-        self, tile: cute.Tensor, rows_left: Int32, tidx: Int32, threads: int, barrier_id
-    ):
-        """Zero a (rows, cols) shared tile's rows at and past ``rows_left`` (``zero_rows_from``),
-        then make the zeros visible to WGMMA and wait for the ``threads`` that wrote them."""
-        rows = cute.size(tile, mode=[0])
-        if rows_left < rows:
-            zero_rows_from(tile, rows_left, tidx, threads)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
-
-    @cute.jit
-    def zero_keys_past_sequence(self, sK, sV, seqlen: SeqlenInfo, n_block: Int32, tidx: Int32):
-        """K's and V's rows past the sequence's keys, by all consumers (once per CTA)."""
-        keys_left = seqlen.seqlen_k - n_block * self.tile_n
-        for tile in (sK, sV):
-            self.zero_rows_past(
-                tile, keys_left, tidx, self.num_consumer_threads, int(BackwardBarrier.EPILOGUE)
-            )
-
-    @cute.jit
-    def zero_queries_past_sequence(
-        self, sQ, sdO, pipeline_do, state, state_do, seqlen: SeqlenInfo, m_block
-    ):
-        """A query tile that crosses the sequence's end (Q's stage already waited for): its Q and
-        dO rows past the sequence, once dO has landed too. Every consumer warpgroup writes all
-        of them (the same zeros, a benign race) and waits for its own threads only; the other
-        steps keep waiting for dO after the S GEMM is issued."""
-        rows_left = seqlen.seqlen_q - m_block * self.tile_m
-        state_do = self.do_state(state, state_do)
-        if rows_left < self.tile_m:
-            pipeline_do.consumer_wait(state_do, pipeline_do.consumer_try_wait(state_do))
-            wg_idx = cute.arch.make_warp_uniform(
-                (cute.arch.thread_idx()[0] - THREADS_PER_WARPGROUP) // THREADS_PER_WARPGROUP
-            )
-            wg_tidx = cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP
-            for stages, stage in ((sQ, state.index), (sdO, state_do.index)):
-                self.zero_rows_past(
-                    stages[None, None, stage], rows_left, wg_tidx, THREADS_PER_WARPGROUP,
-                    int(BackwardBarrier.ZEROED) + wg_idx,
-                )
 
     @cute.jit
     def column_stats(self, sRow, stage, lane, st_coords):

@@ -178,10 +178,6 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
             Int32((n_block + 1) * self.tile_n > seqlen.seqlen_k)
         ) != 0
 
-        self.wait_for_key_tile(
-            pipeline_q, pipeline_do, sK, sV, seqlen, n_block, tidx,
-            steps["group"] * steps["num_m_blocks"],
-        )
         state, state_do = self.pipeline_states(pipeline.PipelineUserType.Consumer)
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
             head, m_block = self.step_tile(step, **steps)
@@ -189,10 +185,6 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
 
             # 1. S = Q K^T, dP = dO V^T; lse of this thread's rows read while they run.
             pipeline_q.consumer_wait(state, pipeline_q.consumer_try_wait(state))
-            if cutlass.const_expr(self.varlen):
-                self.zero_queries_past_sequence(
-                    sQ, sdO, pipeline_do, state, state_do, seqlen, m_block
-                )
             acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C(tile_s), Float32)
             gemm(tiled_mma_sdp, acc_S, operand_stage(tSrQ, state.index), tSrK,
                  zero_init=True, wait_groups=-1)
@@ -276,17 +268,13 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
         # ---- Epilogue: dK, dV from the transposed accumulators --------------------------------
         for i in cutlass.range_constexpr(cute.size(acc_dKt)):
             acc_dKt[i] = acc_dKt[i] * softmax_scale
-        if cutlass.const_expr(self.varlen):
-            self.store_dkv_per_element(acc_dKt, acc_dVt, thr_dkv, mdK, mdV, seqlen, n_block,
-                                       batch, steps)
-        else:
-            self.store_dkv_transposed(acc_dKt, acc_dVt, sK, sV, thr_dkv, dkv_out, n_block,
-                                      batch, steps)
+        self.store_dkv_transposed(acc_dKt, acc_dVt, sK, sV, thr_dkv, dkv_out, n_block, batch,
+                                  steps, seqlen)
 
     @cute.jit
     def store_dkv_transposed(
         self, acc_dKt, acc_dVt, sK, sV, thr_dkv, dkv_out: dict, n_block: Int32, batch: Int32,
-        steps: dict,
+        steps: dict, seqlen: SeqlenInfo,
     ):
         """dK^T, dV^T (accumulators, dK^T scaled) -> K's and V's buffers through their
         transposed (dim, keys) views -> global with one TMA store each (clipped to seqlen_k and
@@ -308,42 +296,11 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
                 (dkv_out["tma_atom_dk"], sK, dkv_out["tdK"], self.head_dim),
                 (dkv_out["tma_atom_dv"], sV, dkv_out["tdV"], self.head_dim_v),
             ):
-                t_smem, t_gmem = tma_tile(
-                    atom, smem, tensor[None, None, steps["head_kv"], batch],
-                    (self.tile_n, columns), (n_block, 0),
-                )
+                rows = self.tma_rows(tensor, steps["head_kv"], batch, seqlen, keys=True)
+                t_smem, t_gmem = tma_tile(atom, smem, rows, (self.tile_n, columns), (n_block, 0))
                 cute.copy(atom, t_smem, t_gmem)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def store_dkv_per_element(
-        self, acc_dKt, acc_dVt, thr_dkv, mdK, mdV, seqlen: SeqlenInfo, n_block: Int32,
-        batch: Int32, steps: dict,
-    ):
-        """A packed (varlen) batch's dK^T, dV^T (dK^T scaled) straight to global, element by
-        element, the sequence's keys only (a TMA box would write the next sequence's rows)."""
-        keys_left = seqlen.seqlen_k - n_block * self.tile_n
-        tile_kvt = (self.head_dim, self.tile_n)  # dK^T
-        tile_vt = (self.head_dim_v, self.tile_n)  # dV^T (dim_v rows)
-        for acc, mgrad, tile_t in ((acc_dKt, mdK, tile_kvt), (acc_dVt, mdV, tile_vt)):
-            columns = tile_t[0]  # the kernel's: head_dim, or dim_v for dV
-            kvt_coords = tile_coords(thr_dkv, tile_t)
-            gX = cute.local_tile(
-                seqlen.rows(mgrad, batch, steps["head_kv"], keys=True, packed=True),
-                (self.tile_n, columns),
-                (n_block, 0),
-            )
-            values = acc_as_rows_cols(acc)
-            for c in cutlass.range_constexpr(cute.size(values, mode=[1])):
-                key = kvt_coords[0, c][1]
-                if key < keys_left:
-                    for r in cutlass.range_constexpr(cute.size(values, mode=[0])):
-                        if cutlass.const_expr(mgrad.shape[3] == columns):
-                            gX[key, kvt_coords[r, c][0]] = values[r, c].to(self.dtype)
-                        elif kvt_coords[r, c][0] < mgrad.shape[3]:
-                            # A padded head dim: the kernel's columns past the inputs' stay.
-                            gX[key, kvt_coords[r, c][0]] = values[r, c].to(self.dtype)
 
     @cute.jit
     def store_pds(self, values, dst_partition, tiled_mma_sdp, buffer, tidx: Int32):
