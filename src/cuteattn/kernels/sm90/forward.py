@@ -35,11 +35,11 @@ where a persistent kernel has no O buffer of its own) and writes O = 0, LSE = -i
 
 Varlen (packed sequences, (1, total, heads, dim), lse (1, heads, total)): the query tiles of
 each sequence and head (``VarlenTileScheduler``, single tile or persistent), not packed GQA.
-TMA loads start at the sequence's first row (the domain offset of its ``SeqlenInfo``): rows past the sequence's
-keys are masked like any past seqlen_k, rows past its queries are computed and not stored. O
-leaves through shared memory and 128-bit row stores predicated on the sequence's end (a TMA
-box would write into the next sequence); the grid's few CTAs past the last tile get a query
-tile past the last sequence's end, which does nothing.
+Q, K, V and O go through ragged TMA views (``kernels/sm90/ragged.py``), whose boxes stop at
+each sequence's end as at a fixed-length batch's seqlen: rows past the sequence's keys load as
+zeros and are masked like any past seqlen_k, rows past its queries load as zeros and O's TMA
+store stops before them; the grid's few CTAs past the last tile get a query tile past the last
+sequence's end, which does nothing.
 
 Constraints: fp16/bf16; head_dim 64, 96, 128, 192, 256 and dim_v == dim, or (192, 128) (V and
 O then have dim_v columns, O in Q's buffer); tile_m = 64 per
@@ -65,13 +65,13 @@ from cuteattn.kernels.common import softcap as capping
 from cuteattn.kernels.common.block_info import BlockInfo
 from cuteattn.kernels.common.compile_args import check_operand_dtypes
 from cuteattn.kernels.common.convert import convert_packed
-from cuteattn.kernels.common.epilogue import store_lse, store_o
+from cuteattn.kernels.common.epilogue import store_lse
 from cuteattn.kernels.common.fragments import acc_as_rows_cols, tile_coords
 from cuteattn.kernels.common.kernel_base import AttentionKernel
 from cuteattn.kernels.common.mask import AttentionMask
 from cuteattn.kernels.common.seqlen_info import SeqlenInfo
 from cuteattn.kernels.common.sink import row_sinks
-from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom, transposed
+from cuteattn.kernels.common.smem_tiles import transposed
 from cuteattn.kernels.common.softmax import (
     OnlineSoftmax,
     rescale_rows,
@@ -88,13 +88,8 @@ from cuteattn.kernels.common.tile_scheduler import (
     make_varlen_tile_counts,
 )
 from cuteattn.kernels.sm90 import tiling
-from cuteattn.kernels.sm90.smem import (
-    permuted,
-    smem_layout,
-    tma_partition,
-    tma_tile,
-    zero_rows_from,
-)
+from cuteattn.kernels.sm90.ragged import ragged_tma_view, sequence_rows
+from cuteattn.kernels.sm90.smem import permuted, smem_layout, tma_partition, tma_tile
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
     HeldStages,
@@ -163,7 +158,7 @@ class Mainloop(NamedTuple):
     pipeline_v: pipeline.PipelineAsync
     wg_idx: Int32
     tanh_scale: Float32
-    sV: cute.Tensor  # V's stages (varlen: the rows past a sequence's keys are zeroed there)
+    sV: cute.Tensor  # V's stages
 
 
 class FlashForwardSm90(AttentionKernel):
@@ -294,23 +289,28 @@ class FlashForwardSm90(AttentionKernel):
                 num_batches=mQ.shape[0],
                 kv_bytes_per_key=(self.head_dim + self.head_dim_v) * self.dtype.width // 8,
             )
-        # A packed batch's O leaves through predicated row stores (a TMA box would run into
-        # the next sequence's rows): the kernel keeps the row-major tensor for them.
-        mO_rows = mO if cutlass.const_expr(self.varlen) else None
-
         # TMA boxes tile the leading modes: K, V as (seqlen, dim, heads, batch); Q, O likewise
-        # or, packed, as (group, seqlen, dim, heads_kv, batch) with the LSE to match.
-        mK, mV = (permuted(t, [1, 3, 2, 0]) for t in (mK, mV))
-        if cutlass.const_expr(packed):
-            mQ, mO = (
-                _pack_heads(t, self.pack_gqa, seq=1, head=2, inner=(3,), outer=(0,))
-                for t in (mQ, mO)
+        # or, packed, as (group, seqlen, dim, heads_kv, batch) with the LSE to match. A packed
+        # batch's (1, total, heads, dim) as ragged views (``ragged``: boxes stop at each
+        # sequence's end; never with packed GQA).
+        if cutlass.const_expr(self.varlen):
+            mQ, mK, mV, mO = (
+                ragged_tma_view(permuted(t[0, None, None, None], [0, 2, 1]))
+                for t in (mQ, mK, mV, mO)
             )
-            if cutlass.const_expr(mLSE is not None):
-                mLSE = _pack_heads(mLSE, self.pack_gqa, seq=2, head=1, outer=(0,))
         else:
-            mQ, mO = (permuted(t, [1, 3, 2, 0]) for t in (mQ, mO))
-            if cutlass.const_expr(mLSE is not None):
+            mK, mV = (permuted(t, [1, 3, 2, 0]) for t in (mK, mV))
+            if cutlass.const_expr(packed):
+                mQ, mO = (
+                    _pack_heads(t, self.pack_gqa, seq=1, head=2, inner=(3,), outer=(0,))
+                    for t in (mQ, mO)
+                )
+            else:
+                mQ, mO = (permuted(t, [1, 3, 2, 0]) for t in (mQ, mO))
+        if cutlass.const_expr(mLSE is not None):
+            if cutlass.const_expr(packed):
+                mLSE = _pack_heads(mLSE, self.pack_gqa, seq=2, head=1, outer=(0,))
+            else:
                 mLSE = permuted(mLSE, [2, 1, 0])  # (seqlen_q, heads_q, batch)
 
         # One Q tile (TMA's box), and Q's buffer: that tile, or q_stages of them.
@@ -401,7 +401,6 @@ class FlashForwardSm90(AttentionKernel):
             tma_o,
             mLSE,
             mSink,
-            mO_rows,
             mCuSeqlensQ,
             mCuSeqlensK,
             mSequsedK,
@@ -441,7 +440,6 @@ class FlashForwardSm90(AttentionKernel):
         mLSE: cute.Tensor | None,  # (seqlen_q, heads_q, batch); packed: (group, seqlen_q, heads_kv,
         #   batch); None: not written
         mSink: cute.Tensor | None,
-        mO_rows: cute.Tensor | None,  # varlen: out as given, (1, total_q, heads_q, dim)
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,
@@ -522,7 +520,7 @@ class FlashForwardSm90(AttentionKernel):
             self.consume(
                 mO, mLSE, mSink, sQ, sK, sV, sO, tma_atom_o, tiled_mma_qk, tiled_mma_pv,
                 pipeline_q, pipeline_k, pipeline_v, scale_log2, tanh_scale, counts, block_info,
-                seqlen, cu_seqlens, mO_rows, tiles, o_read,
+                seqlen, cu_seqlens, tiles, o_read,
             )
 
     def tma_pipeline(self, barriers: cute.Pointer, num_stages: int, tile_bytes: int):
@@ -710,11 +708,11 @@ class FlashForwardSm90(AttentionKernel):
         columns: int | None = None,
     ) -> cute.Tensor:
         """Work tile ``work``'s block of the TMA view of q or out (varlen: of its sequence,
-        whose rows ``seqlen`` places; TMA takes any first row); ``columns`` as in
-        ``query_tile_shape``."""
+        ``ragged.sequence_rows``: loads zeros past its end, stores stop there); ``columns``
+        as in ``query_tile_shape``."""
         shape = self.query_tile_shape(columns)
         if cutlass.const_expr(self.varlen):
-            rows = cute.domain_offset((seqlen.offset_q, 0), tensor[None, None, work.head, 0])
+            rows = sequence_rows(tensor, work.head, seqlen.offset_q, seqlen.seqlen_q)
             return cute.local_tile(rows, shape, (work.m_block, 0))
         if cutlass.const_expr(self.pack_gqa == 1):
             return cute.local_tile(
@@ -726,10 +724,10 @@ class FlashForwardSm90(AttentionKernel):
 
     def key_rows(self, tensor: cute.Tensor, head_kv, batch, seqlen: SeqlenInfo) -> cute.Tensor:
         """The (seqlen_k, dim) TMA view of k or v for one KV head: of its batch, or varlen, of
-        its sequence (rows past the sequence's keys belong to the next one: the seqlen mask
-        hides them, and TMA zero-fills past the packed tensor's end)."""
+        its sequence (``ragged.sequence_rows``): TMA loads zeros past its keys (used), which
+        the seqlen mask hides."""
         if cutlass.const_expr(self.varlen):
-            return cute.domain_offset((seqlen.offset_k, 0), tensor[None, None, head_kv, 0])
+            return sequence_rows(tensor, head_kv, seqlen.offset_k, seqlen.seqlen_k)
         return tensor[None, None, head_kv, batch]
 
     @cute.jit
@@ -783,7 +781,6 @@ class FlashForwardSm90(AttentionKernel):
         block_info: BlockInfo,
         seqlen: SeqlenInfo,
         cu_seqlens: dict,
-        mO_rows: cute.Tensor | None,
         tiles: tuple,
         o_read: cute.Pointer | None,
     ):
@@ -833,7 +830,7 @@ class FlashForwardSm90(AttentionKernel):
         tile_args = dict(
             mO=mO, mLSE=mLSE, mSink=mSink, sO=sO, tma_atom_o=tma_atom_o, pipeline_q=pipeline_q,
             scale_log2=scale_log2, block_info=block_info, seqlen=seqlen, tidx=tidx,
-            num_rows=num_rows, loop=loop, mO_rows=mO_rows, o_read=o_read, **cu_seqlens,
+            num_rows=num_rows, loop=loop, o_read=o_read, **cu_seqlens,
         )
         if cutlass.const_expr(self.persistent):
             while work.is_valid:
@@ -848,7 +845,7 @@ class FlashForwardSm90(AttentionKernel):
     def consume_tile(
         self, work: WorkTile, q_state, kv_state, *, mO, mLSE, mSink, sO, tma_atom_o, pipeline_q,
         scale_log2, block_info, seqlen, tidx, num_rows: cutlass.Constexpr[int], loop: Mainloop,
-        mO_rows, o_read, mCuSeqlensQ, mCuSeqlensK, mSequsedK,
+        o_read, mCuSeqlensQ, mCuSeqlensK, mSequsedK,
     ):
         """One work tile: the key tiles, then the epilogue; returns the advanced states."""
         if cutlass.const_expr(self.varlen):
@@ -993,18 +990,8 @@ class FlashForwardSm90(AttentionKernel):
                 (self.pack_gqa, self.tile_positions), (0, m_block),
             )
             rows_left = self.pack_gqa * cutlass.min(positions_left, self.tile_positions)
-        if cutlass.const_expr(self.varlen):
-            gO = cute.local_tile(
-                seqlen.rows(mO_rows, work.batch, work.head, keys=False, packed=True),
-                (self.tile_m, self.head_dim_v), (m_block, 0),
-            )
-            columns = None
-            if cutlass.const_expr(mO_rows.shape[3] != self.head_dim_v):
-                columns = mO_rows.shape[3]  # a padded head dim
-            self.store_o_rows(gO, acc_O, sO, loop.tiled_mma_pv, tidx, rows_left, columns)
-        else:
-            gO = self.query_tile(mO, work, columns=self.head_dim_v)
-            self.store_o(gO, acc_O, sO, tma_atom_o, loop.tiled_mma_pv, tidx)
+        gO = self.query_tile(mO, work, seqlen, columns=self.head_dim_v)
+        self.store_o(gO, acc_O, sO, tma_atom_o, loop.tiled_mma_pv, tidx)
         if cutlass.const_expr(self.q_holds_o):
             # The next tile's Q may load into Q's buffer.
             self.wait_for_o_store_reads(tidx)
@@ -1024,12 +1011,11 @@ class FlashForwardSm90(AttentionKernel):
 
     @cute.jit
     def wait_for_o_store_reads(self, tidx: Int32):
-        """This warp, once O's store has read sO (the TMA store: warp 0 waits for it; row
-        stores: each thread's own reads are done), with those generic-proxy reads ordered
-        before a later TMA (async proxy) write there."""
-        if cutlass.const_expr(not self.varlen):
-            if tidx < 32:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        """This warp, once O's store has read sO (the TMA store: warp 0, which issued it, waits
+        for it; the others' arrivals count only with warp 0's), with those reads ordered before
+        a later TMA (async proxy) write there."""
+        if tidx < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.fence_view_async_shared()
         cute.arch.sync_warp()
 
@@ -1144,8 +1130,6 @@ class FlashForwardSm90(AttentionKernel):
         if cutlass.const_expr(self.rescale_o_before_pv):
             self.rescale_o(acc_O, pending_scale)
         wait_stage(pipeline_v, v_state)
-        if cutlass.const_expr(self.varlen):
-            self.zero_keys_past_sequence(loop, v_state.index, n_block + 1)
         gemm(tiled_mma_pv, acc_O, tOrP, operand_stage(tOrVt, v_state.index),
              zero_init=False, wait_groups=-1)
         self.scheduler_arrive(wg_idx)
@@ -1205,8 +1189,6 @@ class FlashForwardSm90(AttentionKernel):
         if cutlass.const_expr(self.rescale_o_before_pv):
             self.rescale_o(acc_O, pending_scale)
         wait_stage(pipeline_v, kv_state)
-        if cutlass.const_expr(self.varlen):
-            self.zero_keys_past_sequence(loop, kv_state.index, n_block)
         gemm(tiled_mma_pv, acc_O, tOrP, operand_stage(tOrVt, kv_state.index),
              zero_init=False, wait_groups=-1)
 
@@ -1216,27 +1198,6 @@ class FlashForwardSm90(AttentionKernel):
         loop.pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
-
-    @cute.jit
-    def zero_keys_past_sequence(self, loop: Mainloop, stage: Int32, n_block: Int32):
-        """Varlen: zero the rows of key tile ``n_block``'s V (in ``stage``) past the sequence's
-        keys before P V reads them: TMA loaded the next sequence's rows there, or whatever lies
-        past the packed tensor, and P = 0 times a NaN would still be NaN. Every consumer
-        warpgroup writes all of them (the same zeros: a benign race) and then waits for its own
-        threads only, so the ping-pong order stays as it is; only a sequence's last key tile
-        has such rows."""
-        keys_left = cutlass.max(loop.mask.seqlen.seqlen_k - n_block * self.tile_n, 0)
-        if keys_left < self.tile_n:
-            zero_rows_from(
-                loop.sV[None, None, stage], keys_left,
-                cute.arch.thread_idx()[0] % THREADS_PER_WARPGROUP, THREADS_PER_WARPGROUP,
-            )
-            # Generic-proxy writes must be visible to WGMMA (async proxy) before it reads them.
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier(
-                barrier_id=int(NamedBarrier.ZEROED_WG0) + loop.wg_idx,
-                number_of_threads=THREADS_PER_WARPGROUP,
-            )
 
     @cute.jit
     def store_o(
@@ -1275,34 +1236,6 @@ class FlashForwardSm90(AttentionKernel):
             )
             cute.copy(tma_atom_o, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
-
-    @cute.jit
-    def store_o_rows(
-        self,
-        gO: cute.Tensor,
-        acc_O: cute.Tensor,
-        sO: cute.Tensor,
-        tiled_mma_pv: cute.TiledMma,
-        tidx: Int32,
-        rows_left: Int32,
-        columns: cutlass.Constexpr,
-    ):
-        """A packed (varlen) batch's O: shared memory (stmatrix), then 128-bit row stores of
-        the rows before ``rows_left`` (the sequence's end) and, a padded head dim, of the
-        inputs' ``columns``."""
-        # Every warpgroup is past its last GEMM on the buffer O now takes (Q's or V's).
-        self.epilogue_sync()
-        _, row_store = gmem_row_copies(
-            self.dtype, smem_tile_atom(self.dtype, self.head_dim_v), self.num_consumer_threads
-        )
-        store_o(
-            acc_O, sO, gO, rows_left, tiled_mma=tiled_mma_pv, gmem_tiled_copy=row_store,
-            tidx=tidx, sync=self.epilogue_sync,
-            smem_copy_atom=cute.make_copy_atom(
-                cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype
-            ),
-            columns=columns,
-        )
 
 
 @cute.jit

@@ -1,15 +1,11 @@
 """Shared-memory layouts and tile helpers of the sm90 kernels (forward and backward): the
-swizzled K-major layouts WGMMA and TMA read, permuted views, and the zeroing of a tile's rows
-past a sequence (transposed views: ``kernels/common/smem_tiles.py``)."""
+swizzled K-major layouts WGMMA and TMA read, permuted views and TMA tiles (transposed views:
+``kernels/common/smem_tiles.py``; packed batches' TMA views: ``ragged.py``)."""
 
-import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as hopper
-from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
-
-from cuteattn.kernels.common.smem_tiles import gmem_row_copies, smem_tile_atom
 
 
 def smem_layout(
@@ -32,28 +28,6 @@ def row_store_threads(rows: int, threads_per_row: int, num_threads: int) -> int:
     while rows % rows_per_pass:
         rows_per_pass //= 2
     return rows_per_pass * threads_per_row
-
-
-@cute.jit
-def zero_rows_from(
-    tile: cute.Tensor, first_row: Int32, tidx: Int32, num_threads: cutlass.Constexpr[int]
-):
-    """Zero a shared (rows, cols) tile's rows at and past ``first_row`` with 16-byte stores
-    (the swizzle keeps 16-byte chunks whole), thread ``tidx`` of ``num_threads``; the caller
-    fences and synchronises. Varlen: what TMA loaded past a sequence (the next one's rows, or
-    whatever lies past the packed tensor): P = 0 or dS = 0 times a NaN there would still be NaN."""
-    rows, cols = cute.size(tile, mode=[0]), cute.size(tile, mode=[1])
-    dtype = tile.element_type
-    atom = smem_tile_atom(dtype, cols)
-    used = row_store_threads(rows, atom.outer.shape[1] * dtype.width // 128, num_threads)
-    _, row_stores = gmem_row_copies(dtype, atom, used)
-    if tidx < used:
-        thr_stores = row_stores.get_slice(tidx)
-        tSsS = thr_stores.partition_D(tile)
-        tScS = thr_stores.partition_D(cute.make_identity_tensor((rows, cols)))
-        for m in cutlass.range_constexpr(cute.size(tSsS, mode=[1])):
-            if tScS[0, m, 0][0] >= first_row:
-                tSsS[None, m, None].fill(0)
 
 
 def permuted(tensor: cute.Tensor, modes: list[int]) -> cute.Tensor:

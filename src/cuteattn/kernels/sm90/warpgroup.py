@@ -26,8 +26,6 @@ class NamedBarrier(enum.IntEnum):
     # Ping-pong: consumer warpgroup i waits on SCHEDULER_WG0 + i before issuing its GEMMs
     # and signals the next warpgroup's barrier once they are issued.
     SCHEDULER_WG0 = 2
-    # Varlen: consumer warpgroup i has zeroed the V rows past its sequence's keys (5 + i).
-    ZEROED_WG0 = 5
     # Dynamic persistent scheduling: the producer warp has put the next work index in shared
     # memory (full), the consumers have read it (empty).
     TILE_FULL = 8
