@@ -235,10 +235,32 @@ def test_dsink_ignores_rows_of_no_sequence():
     [(128, 8, 256, 256), (48, 8, 256, 128), (64, 4, 128, 128), (80, 8, 128, 128), (48, 8, 128, 128),
      (112, 8, 128, 128), (16, 8, 256, 128)],
 )
-def test_row_zeroing_threads_tile_the_rows_exactly(rows, threads_per_row, num_threads, used):
-    """The sm90 kernels zero the rows past a sequence with 16-byte stores: the storing threads'
-    row blocks tile the tile's rows exactly, never past its end (d256's 48-key tiles)."""
+def test_row_store_threads_tile_the_rows_exactly(rows, threads_per_row, num_threads, used):
+    """The sm90 dQ postprocess stores a tile's rows with 16-byte stores: the storing threads'
+    row blocks tile the tile's rows exactly, never past its end (80- and 48-row tiles)."""
     from cuteattn.kernels.sm90.smem import row_store_threads
 
     got = row_store_threads(rows, threads_per_row, num_threads)
     assert got == used and rows % (got // threads_per_row) == 0 and got <= num_threads
+
+
+@pytest.mark.parametrize("elem_bytes", (2, 4))
+@pytest.mark.parametrize("row_stride", (8, 64 * 40, 32 * 128, 3 * 2**20))
+def test_ragged_tma_coordinates_address_the_sequence_rows(elem_bytes, row_stride):
+    """The sm90 kernels' ragged TMA views (``kernels/sm90/ragged.py``): the coordinates of a
+    sequence's row r, (ROWS_BOUND - length + r, ..., ROWS_BOUND, offset + length) with the
+    view's strides, address packed row offset + r modulo 2^64 bytes; its rows stay inside the
+    rows mode exactly while r < length; every coordinate and byte stride fits TMA's limits
+    (int32 coordinates, strides below 2^40 bytes, multiples of 16 bytes)."""
+    from cuteattn.kernels.sm90.ragged import EXTRA_MODE, ROWS_BOUND, WRAP_STRIDE
+
+    strides = (row_stride, WRAP_STRIDE - row_stride, row_stride)  # rows, then the extra modes
+    for stride in strides:
+        assert 0 < stride * elem_bytes < 2**40 and (stride * elem_bytes) % 16 == 0
+    for offset, length in ((0, 1), (5, 4096), (2**31 - 9000, 8192), (123_456, 2**20)):
+        for r in (0, length - 1, length, length + 127):
+            coords = (ROWS_BOUND - length + r, ROWS_BOUND, offset + length)
+            assert all(0 <= c < 2**31 for c in coords) and coords[2] < EXTRA_MODE
+            address = sum(c * s for c, s in zip(coords, strides)) * elem_bytes % 2**64
+            assert address == (offset + r) * row_stride * elem_bytes
+            assert (coords[0] < ROWS_BOUND) == (r < length)

@@ -4,7 +4,7 @@
 else (d256 with one stage of 112 keys here) O in Q's buffer: the consumers hold Q's stage
 through the epilogue and release it once O's store has read it. Either way a query tile with
 no key loads its Q anyway. More work tiles than SMs, so each CTA runs several; causal with
-seqlen_q > seqlen_k gives tiles with no key; fixed-length (TMA store) and packed (row stores)
+seqlen_q > seqlen_k gives tiles with no key; fixed-length and packed (ragged TMA views)
 batches, against the fp32 reference, out and lse poisoned first."""
 
 import dataclasses

@@ -195,8 +195,9 @@ def test_varlen_backward_with_seqused_k_and_a_sink():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_varlen_ignores_what_lies_past_the_sequences(family, head_dim, causal):
     """NaN in the packed rows past the last sequence and in the keys past seqused_k (a cache's
-    unwritten tail) reaches no result: tiles that cross a sequence's end read those rows, and
-    the kernels zero them (P = 0 times NaN would still be NaN). Forward and backward."""
+    unwritten tail) reaches no result: tiles that cross a sequence's end must see zeros there
+    (P = 0 times NaN would still be NaN): the sm90 kernels' ragged TMA views load zeros past
+    each sequence, the sm80 kernels' predicated copies skip those rows. Forward and backward."""
     import cuteattn
     from cuteattn.reference import attention
     from cuteattn.testing import assert_close_to_reference, assert_grads_close
