@@ -97,7 +97,7 @@ from cuteattn.kernels.sm90.family import (
     backward_smem_bytes,
 )
 from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
-from cuteattn.kernels.sm90.ragged import ragged_tma_view, sequence_rows
+from cuteattn.kernels.sm90.ragged import packed_tma_view, sequence_rows
 from cuteattn.kernels.sm90.smem import permuted, smem_layout, tma_tile
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
@@ -311,8 +311,7 @@ class FlashBackwardSm90(AttentionKernel):
         # (1, total, heads, dim) as ragged views (``ragged``: boxes stop at each sequence's end).
         if cutlass.const_expr(self.varlen):
             tQ, tK, tV, tdO, tdK, tdV = (
-                ragged_tma_view(permuted(t[0, None, None, None], [0, 2, 1]))
-                for t in (mQ, mK, mV, mdO, mdK, mdV)
+                packed_tma_view(t) for t in (mQ, mK, mV, mdO, mdK, mdV)
             )
         else:
             tQ, tK, tV, tdO, tdK, tdV = (
@@ -409,7 +408,7 @@ class FlashBackwardSm90(AttentionKernel):
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.make_tiled_mmas()
 
         self.kernel(
-            mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mdK, mdV, mSemaphore,
+            mQ, mK, mdO, mLSE, mDpsum, mdQaccum, mSemaphore,
             mCuSeqlensQ, mCuSeqlensK, mSequsedK, tile_counts,
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
@@ -436,15 +435,13 @@ class FlashBackwardSm90(AttentionKernel):
         mLSE: cute.Tensor,
         mDpsum: cute.Tensor,
         mdQaccum: cute.Tensor,
-        mdK: cute.Tensor,
-        mdV: cute.Tensor,
         mSemaphore: cute.Tensor | None,
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,
         # varlen: the key tiles of the sequences; fixed-length deterministic: their sections
         tile_counts: VarlenTileCounts | LinearTileCounts | None,
-        tQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch)
+        tQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch); varlen: ``packed_tma_view``
         tK: cute.Tensor,
         tV: cute.Tensor,
         tdO: cute.Tensor,
@@ -565,7 +562,7 @@ class FlashBackwardSm90(AttentionKernel):
             cute.arch.setmaxregister_increase(self.consumer_regs)
             dkv_out = dict(tdK=tdK, tdV=tdV, tma_atom_dk=tma_atom_dk, tma_atom_dv=tma_atom_dv)
             self.consume(
-                mdK, mdV, dkv_out, sQ, sK, sV, sdO, sPdS, sdQ, sLSE, sDpsum,
+                dkv_out, sQ, sK, sV, sdO, sPdS, sdQ, sLSE, sDpsum,
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_q, pipeline_do,
                 scale_log2, softmax_scale, seqlen, n_block, batch, steps,
             )
@@ -714,6 +711,8 @@ class FlashBackwardSm90(AttentionKernel):
             (self.tile_n, columns), (n_block, 0),
         )
         cute.copy(atom, t_gmem, t_smem, tma_bar_ptr=barrier)
+
+    # ---- dQ writer: bulk reductions from shared memory ----------------------------------------
 
     @cute.jit
     def add_dq_block(
@@ -869,7 +868,7 @@ class FlashBackwardSm90(AttentionKernel):
 
     @cute.jit
     def consume(
-        self, mdK, mdV, dkv_out: dict, sQ, sK, sV, sdO, sdSt, sdQ, sLSE, sDpsum,
+        self, dkv_out: dict, sQ, sK, sV, sdO, sdSt, sdQ, sLSE, sDpsum,
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_q, pipeline_do,
         scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
         batch: Int32, steps: dict,

@@ -119,7 +119,7 @@ class FlashBackwardSm90Wide(FlashBackwardSm90):
 
     @cute.jit
     def consume(
-        self, mdK, mdV, dkv_out: dict, sQ, sK, sV, sdO, sPdS, sdQ, sLSE, sDpsum,
+        self, dkv_out: dict, sQ, sK, sV, sdO, sPdS, sdQ, sLSE, sDpsum,
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipeline_q, pipeline_do,
         scale_log2: Float32, softmax_scale: Float32, seqlen: SeqlenInfo, n_block: Int32,
         batch: Int32, steps: dict,

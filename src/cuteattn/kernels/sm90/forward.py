@@ -88,7 +88,7 @@ from cuteattn.kernels.common.tile_scheduler import (
     make_varlen_tile_counts,
 )
 from cuteattn.kernels.sm90 import tiling
-from cuteattn.kernels.sm90.ragged import ragged_tma_view, sequence_rows
+from cuteattn.kernels.sm90.ragged import packed_tma_view, sequence_rows
 from cuteattn.kernels.sm90.smem import permuted, smem_layout, tma_partition, tma_tile
 from cuteattn.kernels.sm90.warpgroup import (
     THREADS_PER_WARPGROUP,
@@ -295,8 +295,7 @@ class FlashForwardSm90(AttentionKernel):
         # sequence's end; never with packed GQA).
         if cutlass.const_expr(self.varlen):
             mQ, mK, mV, mO = (
-                ragged_tma_view(permuted(t[0, None, None, None], [0, 2, 1]))
-                for t in (mQ, mK, mV, mO)
+                packed_tma_view(t) for t in (mQ, mK, mV, mO)
             )
         else:
             mK, mV = (permuted(t, [1, 3, 2, 0]) for t in (mK, mV))

@@ -15,14 +15,18 @@ pointer stays the tensor's own (TMA loads need it inside mapped memory). Triton'
 import cutlass.cute as cute
 from cutlass import Int32
 
+from cuteattn.kernels.sm90.smem import permuted
+
 ROWS_BOUND = 2**30  # > any sequence's length; the row coordinates stay below 2^31
 EXTRA_MODE = 2**31 - 1  # the extra modes' extent (TMA coordinates are int32)
 WRAP_STRIDE = 2**64 // ROWS_BOUND  # ROWS_BOUND times it is 2^64 elements: 0 in the address
 
 
-def ragged_tma_view(rows: cute.Tensor) -> cute.Tensor:
-    """A packed (total, dim, heads) tensor as (ROWS_BOUND, dim, heads, EXTRA_MODE, EXTRA_MODE),
-    to build a TMA atom from; ``sequence_rows`` picks one sequence's rows of its TMA tensor."""
+def packed_tma_view(packed: cute.Tensor) -> cute.Tensor:
+    """A packed batch's (1, total, heads, dim) tensor as (ROWS_BOUND, dim, heads, EXTRA_MODE,
+    EXTRA_MODE), to build a TMA atom from; ``sequence_rows`` picks one sequence's rows of its
+    TMA tensor."""
+    rows = permuted(packed[0, None, None, None], [0, 2, 1])  # (total, dim, heads)
     row_stride = rows.stride[0]
     shape = (ROWS_BOUND,) + tuple(rows.shape[1:]) + (EXTRA_MODE, EXTRA_MODE)
     stride = (row_stride,) + tuple(rows.stride[1:]) + (WRAP_STRIDE - row_stride, row_stride)
