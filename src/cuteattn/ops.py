@@ -395,7 +395,8 @@ def launch_backward(
         # Every fill before the preprocess: the main kernel runs as its dependent
         # (programmatic dependent launch), so nothing may launch between the two.
         dq_accum = new_dq_accum(
-            q, rows, *get_family(plan.family).dq_accum_chunks(plan), head_dim=plan.head_dim
+            q, rows, *get_family(plan.family).dq_accum_chunks(plan), head_dim=plan.head_dim,
+            zeroed=dq_accum_needs_zeros(plan, seqlen_q, k.shape[1]),
         )
         semaphore = None
         if plan.option("deterministic", False):
@@ -430,17 +431,33 @@ def backward_without_kernel(q, k, v, *, dq=None, dk=None, dv=None):
 
 
 def new_dq_accum(
-    q: torch.Tensor, rows: int, chunks: int, row_pad: int, head_dim: int | None = None
+    q: torch.Tensor, rows: int, chunks: int, row_pad: int, head_dim: int | None = None, *,
+    zeroed: bool = True,
 ) -> torch.Tensor:
-    """The zeroed fp32 dq accumulator of a backward plan: (batch, heads_q, chunks, rows,
-    head_dim / chunks + row_pad), rows padded to whole query tiles
+    """The fp32 dq accumulator of a backward plan, zeroed unless ``zeroed`` is False: (batch,
+    heads_q, chunks, rows, head_dim / chunks + row_pad), rows padded to whole query tiles
     (``KernelFamily.dq_accum_chunks``); ``head_dim`` the kernel's (default: q's; larger when the
     kernel pads q's)."""
     batch, _, heads_q, dim = q.shape
     dim = dim if head_dim is None else head_dim
-    return torch.zeros(
+    new = torch.zeros if zeroed else torch.empty
+    return new(
         batch, heads_q, chunks, rows, dim // chunks + row_pad, dtype=torch.float32, device=q.device
     )
+
+
+def dq_accum_needs_zeros(plan: KernelPlan, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether a fixed-length backward's dq accumulator must start zeroed: yes unless the plan's
+    kernel stores each query tile's first addition (``KernelFamily.dq_first_turn_stores``: the
+    sm90 deterministic backward) and every query tile gets one. Every query row sees a key
+    (seqlen_k > 0: ``has_no_work``) without a window, and with the causal mask (bottom-right
+    aligned) where seqlen_q <= seqlen_k; a window can leave query tiles without keys. (Varlen
+    accumulators stay zeroed: a sequence may have no keys.)"""
+    if not get_family(plan.family).dq_first_turn_stores(plan):
+        return True
+    if plan.option("window") is not None:
+        return True
+    return plan.causal and seqlen_q > seqlen_k
 
 
 def dq_from_accum(

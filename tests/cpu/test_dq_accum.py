@@ -87,3 +87,38 @@ def test_sm90_fragment_order_geometry():
             assert split.transposed == (tile_m % 64 != 0)
             rows, cols = split.tile()
             assert rows * cols == (tile_m * head_dim if split.by_dim else block)
+
+
+@pytest.mark.parametrize(
+    "family,deterministic,causal,window,seqlen_q,seqlen_k,zeroed",
+    [
+        ("sm90", False, False, None, 1000, 1000, True),  # additions in any order
+        ("sm90", True, False, None, 1000, 1000, False),  # every query tile's first turn stores
+        ("sm90", True, False, None, 4097, 1, False),
+        ("sm90", True, True, None, 700, 1100, False),  # causal: every row sees key 0
+        ("sm90", True, True, None, 1000, 1000, False),
+        ("sm90", True, True, None, 1100, 700, True),  # the first 400 rows see no key
+        ("sm90", True, False, (100, 30), 900, 900, True),  # a window may leave tiles keyless
+        ("sm80", True, False, None, 1000, 1000, True),  # sm80 adds every turn
+    ],
+)
+def test_dq_accum_zeroed_unless_every_query_tile_has_a_first_turn(
+    family, deterministic, causal, window, seqlen_q, seqlen_k, zeroed
+):
+    from cuteattn.arch import arch_from_name
+    from cuteattn.ops import dq_accum_needs_zeros
+    from cuteattn.plan import Problem, plan_backward
+
+    problem = Problem(
+        batch=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=4, heads_kv=2, head_dim=128,
+        head_dim_v=128, dtype="bf16", causal=causal, arch=arch_from_name("sm_90a"),
+        deterministic=deterministic, window=window,
+    )
+    plan = plan_backward(problem, family=family)
+    assert dq_accum_needs_zeros(plan, seqlen_q, seqlen_k) == zeroed
+    q = torch.empty(2, seqlen_q, 4, 128, dtype=torch.bfloat16)
+    rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
+    accum = new_dq_accum(q, rows, 2, 0, zeroed=zeroed)
+    assert accum.shape == (2, 4, 2, rows, 64)
+    if zeroed:
+        assert not accum.any()

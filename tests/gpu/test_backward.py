@@ -127,6 +127,68 @@ def test_deterministic_backward_is_bitwise_reproducible(family, head_dim, causal
     assert all(torch.equal(x.grad, g) for x, g in zip(leaves, runs[0]))
 
 
+# (seqlen_q, seqlen_k, causal, window): the sm90 deterministic backward stores each query
+# tile's first addition, so dense and causal seqlen_q <= seqlen_k leave dq_accum unzeroed
+# (``ops.dq_accum_needs_zeros``); causal seqlen_q > seqlen_k (query tiles no key reaches) and a
+# window still zero it.
+RECYCLED_CASES = (
+    (1000, 1000, False, (-1, -1)), (700, 1100, True, (-1, -1)), (1100, 700, True, (-1, -1)),
+    (900, 900, False, (100, 30)), (129, 4097, False, (-1, -1)),
+)
+
+
+@pytest.mark.parametrize("case", RECYCLED_CASES, ids=str)
+@pytest.mark.parametrize("head_dim", (64, 96, 128, 256))
+@pytest.mark.parametrize("family", BACKWARD_FAMILIES)
+def test_deterministic_gradients_from_recycled_memory(family, head_dim, case):
+    """The deterministic backward with the caching allocator's blocks of the dq accumulator's
+    size full of NaN first: where the accumulator is not zeroed, every element the postprocess
+    reads was written by a first turn; dq matches the reference and the run with fresh
+    blocks, bitwise."""
+    from cuteattn import api, ops
+    from cuteattn.plan import Problem, get_family, plan_backward
+    from cuteattn.runtime.arch import device_arch
+
+    _skip_unless_supported(family, head_dim, deterministic=True)
+    seqlen_q, seqlen_k, causal, window = case
+    batch, heads_q, heads_kv = 2, 4, 2
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    mask = dict(causal=causal, window_size=window)
+    out, lse = api.forward(q, k, v, family=family, **mask)
+    fresh = api.backward(dout, q, k, v, out, lse, deterministic=True, family=family, **mask)
+    torch.cuda.synchronize()
+    problem = Problem(
+        batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+        head_dim=head_dim, head_dim_v=head_dim, dtype="bf16", causal=causal,
+        arch=device_arch(q.device), deterministic=True,
+        window=None if window == (-1, -1) else window,
+    )
+    plan = plan_backward(problem, family=family)
+    rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
+    chunks, row_pad = get_family(family).dq_accum_chunks(plan)
+    shape = (batch, heads_q, chunks, rows, plan.head_dim // chunks + row_pad)
+    # Blocks of the accumulator's size, NaN-filled and freed: the allocator hands them out again.
+    poison = [torch.full(shape, float("nan"), device="cuda") for _ in range(3)]
+    del poison
+    got = api.backward(dout, q, k, v, out, lse, deterministic=True, family=family, **mask)
+    torch.cuda.synchronize()
+    assert all(not g.isnan().any() for g in got)
+    assert all(torch.equal(a, b) for a, b in zip(got, fresh))
+    from cuteattn.testing import assert_close_to_reference, reference_grads
+
+    kwargs = dict(causal=causal, window_size=window)
+    want = reference_grads(q, k, v, dout, **kwargs)
+    low = reference_grads(q, k, v, dout, upcast=False, **kwargs)
+    for name, g, ref, pt in zip(("dq", "dk", "dv"), got, want, low):
+        assert_close_to_reference(name, g, ref, pt)
+    # Which of the cases ran unzeroed (the sm90 family: dense and causal up to seqlen_k).
+    zeroed = ops.dq_accum_needs_zeros(plan, seqlen_q, seqlen_k)
+    assert zeroed == (family != "sm90" or window != (-1, -1) or (causal and seqlen_q > seqlen_k))
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_backward_preprocess(head_dim):
     """dpsum = rowsum(dout * out) in fp32, lse in log2 units, rows that saw no key (lse -inf)

@@ -253,6 +253,12 @@ class KernelFamily(abc.ABC):
         rows padded by row_pad floats (the default, (1, 0), is plain (rows, head_dim))."""
         return 1, 0
 
+    def dq_first_turn_stores(self, plan: KernelPlan) -> bool:
+        """Whether a backward plan's kernel stores each query tile's first addition to
+        dq_accum (the first turn of a deterministic order) instead of adding it, so that a
+        fixed-length batch's accumulator needs no zero fill (``ops.dq_accum_needs_zeros``)."""
+        return False
+
     def dq_accum_fragment_order(self, plan: KernelPlan) -> tuple | None:
         """(this family's name, its layout...) when a backward plan's kernel adds each query
         tile of dq_accum in its dQ MMA's fragment order (the postprocess reads it back in that

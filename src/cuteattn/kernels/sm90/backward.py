@@ -52,7 +52,9 @@ waiting for each step's additions to complete. Fixed length, the CTAs come in L2
 so that fewer additions queue behind each other at a query tile. Where they fit (all but d128's
 80-row tile, ``family.backward_dq_slots``): two dQ buffers per consumer warpgroup, used by step
 parity, each with its writer warp (warp 1 the even steps, warp 2 the odd ones:
-``add_dq_two_slots``), so that consecutive steps' L2 round trips overlap.
+``add_dq_two_slots``), so that consecutive steps' L2 round trips overlap. A query tile's first
+turn stores its dQ (a bulk copy) where the others add, so dq_accum needs no zero fill where
+every query tile has one (``ops.dq_accum_needs_zeros``).
 
 Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
 tile_m 64 (d64: or 128; d128: or 80, dQ then computed transposed), tile_n 128 (two consumer
@@ -718,11 +720,12 @@ class FlashBackwardSm90(AttentionKernel):
     def add_dq_block(
         self, mdQaccum: cute.Tensor, sdQ_block: cute.Tensor, seqlen: SeqlenInfo, batch: Int32,
         head: Int32, m_block: Int32, wg: cutlass.Constexpr[int], chunk: cutlass.Constexpr[int],
-        full_barrier: cutlass.Constexpr[int],
+        full_barrier: cutlass.Constexpr[int], first_turn=None,
     ):
         """Once warpgroup ``wg`` has filled ``sdQ_block`` (``full_barrier``), add it to its
         block of dq_accum (query tile ``m_block``, columns ``chunk``) by one bulk reduction,
-        committed as a bulk group of its own."""
+        committed as a bulk group of its own. Deterministic, ``first_turn`` (the query tile's
+        first addition): the block is stored instead, over whatever dq_accum held."""
         rows = seqlen.buffer_rows(
             mdQaccum[None, None, chunk, None, None], batch, head,
             packed=self.varlen, rows_tile=self.tile_m,
@@ -736,13 +739,26 @@ class FlashBackwardSm90(AttentionKernel):
             barrier_id=full_barrier,
             number_of_threads=THREADS_PER_WARPGROUP + cute.arch.WARP_SIZE,
         )
+        block_bytes = self.dq_buffer_rows * self.dq_row * Float32.width // 8
         with cute.arch.elect_one():
-            prims.cp_reduce_async_bulk_global_shared_cta(
-                gdQ.iterator, sdQ_block.iterator,
-                self.dq_buffer_rows * self.dq_row * Float32.width // 8,
-                op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
-            )
+            if cutlass.const_expr(first_turn is None):
+                self.reduce_dq_block(gdQ, sdQ_block, block_bytes)
+            else:
+                if first_turn:
+                    prims.cp_async_bulk_global_shared_cta(
+                        gdQ.iterator, sdQ_block.iterator, block_bytes
+                    )
+                else:
+                    self.reduce_dq_block(gdQ, sdQ_block, block_bytes)
         cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def reduce_dq_block(self, gdQ: cute.Tensor, sdQ_block: cute.Tensor, block_bytes: int):
+        """One bulk reduction (fp32 add) of a dQ buffer into its block of dq_accum."""
+        prims.cp_reduce_async_bulk_global_shared_cta(
+            gdQ.iterator, sdQ_block.iterator, block_bytes,
+            op=prims.CpReduceOp.ADD, type=prims.CpReduceType.F32,
+        )
 
     @cute.jit
     def add_dq(
@@ -775,11 +791,15 @@ class FlashBackwardSm90(AttentionKernel):
                         mSemaphore, block_info, seqlen, batch, head, m_block, n_block, lane
                     )
                 for wg in cutlass.range_constexpr(self.dq_wgs):
+                    shared_block = self.dq_blocks_shared(dq_pass)
+                    first_turn = None
+                    if cutlass.const_expr(self.deterministic):
+                        # Where both warpgroups add to one block, the first of them only.
+                        first_turn = turn == 0 if wg == 0 or not shared_block else False
                     self.add_dq_block(
                         mdQaccum, sdQ[None, (None, wg)], seqlen, batch, head, m_block, wg,
-                        self.dq_chunk(wg, dq_pass), BackwardBarrier.DQ_FULL + wg,
+                        self.dq_chunk(wg, dq_pass), BackwardBarrier.DQ_FULL + wg, first_turn,
                     )
-                    shared_block = self.dq_blocks_shared(dq_pass)
                     if cutlass.const_expr(self.deterministic and shared_block and wg == 0):
                         # Both warpgroups add to this block: a fixed order of the additions.
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -850,11 +870,13 @@ class FlashBackwardSm90(AttentionKernel):
                 mSemaphore, block_info, seqlen, batch, head, m_block, n_block, lane
             )
             for wg in cutlass.range_constexpr(self.dq_wgs):
+                shared_block = self.dq_blocks_shared(0)
                 self.add_dq_block(
                     mdQaccum, sdQ[None, (None, wg), slot], seqlen, batch, head, m_block, wg,
                     self.dq_chunk(wg, 0), self.dq_barrier(BackwardBarrier.DQ_FULL, wg, slot),
+                    turn == 0 if wg == 0 or not shared_block else False,
                 )
-                if cutlass.const_expr(self.dq_blocks_shared(0) and wg == 0):
+                if cutlass.const_expr(shared_block and wg == 0):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
             self.pass_dq_turn(counter, turn, lane)
             if step + self.dq_slots < num_steps:

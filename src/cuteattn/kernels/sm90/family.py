@@ -537,6 +537,9 @@ class Sm90Family(KernelFamily):
             return backward_dq_chunks(plan.head_dim, plan.tile_m)
         return super().dq_accum_chunks(plan)
 
+    def dq_first_turn_stores(self, plan: KernelPlan) -> bool:
+        return plan.kind == "backward" and bool(plan.option("deterministic", False))
+
     def dq_accum_fragment_order(self, plan: KernelPlan) -> tuple | None:
         if plan.kind == "backward" and backward_dq_fragment_order(plan.head_dim):
             return self.name, plan.tile_m
