@@ -394,15 +394,18 @@ def launch_backward(
         lse_log2 = torch.empty(batch, heads_q, rows, **f32)
         # Every fill before the preprocess: the main kernel runs as its dependent
         # (programmatic dependent launch), so nothing may launch between the two.
+        family = get_family(plan.family)
+        zeroed = dq_accum_needs_zeros(plan, seqlen_q, k.shape[1])
         dq_accum = new_dq_accum(
-            q, rows, *get_family(plan.family).dq_accum_chunks(plan), head_dim=plan.head_dim,
-            zeroed=dq_accum_needs_zeros(plan, seqlen_q, k.shape[1]),
+            q, rows, *family.dq_accum_chunks(plan), head_dim=plan.head_dim, zeroed=zeroed
         )
         semaphore = None
-        if plan.option("deterministic", False):
-            # Turn counters of the ordered dq accumulation, one per (batch, head, query tile).
-            semaphore = torch.zeros(
-                batch, heads_q, rows // plan.tile_m, dtype=torch.int32, device=q.device
+        if family.dq_counters(plan):
+            # Counters of the dq accumulation, one per (batch, head, query tile): the turns of
+            # the ordered one, or the claims of each query tile's first addition.
+            semaphore = torch.full(
+                (batch, heads_q, rows // plan.tile_m), family.dq_counters_start(plan, zeroed),
+                dtype=torch.int32, device=q.device,
             )
         if dk is None:
             dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -448,16 +451,11 @@ def new_dq_accum(
 
 def dq_accum_needs_zeros(plan: KernelPlan, seqlen_q: int, seqlen_k: int) -> bool:
     """Whether a fixed-length backward's dq accumulator must start zeroed: yes unless the plan's
-    kernel stores each query tile's first addition (``KernelFamily.dq_first_turn_stores``: the
-    sm90 deterministic backward) and every query tile gets one. Every query row sees a key
-    (seqlen_k > 0: ``has_no_work``) without a window, and with the causal mask (bottom-right
-    aligned) where seqlen_q <= seqlen_k; a window can leave query tiles without keys. (Varlen
-    accumulators stay zeroed: a sequence may have no keys.)"""
-    if not get_family(plan.family).dq_first_turn_stores(plan):
-        return True
-    if plan.option("window") is not None:
-        return True
-    return plan.causal and seqlen_q > seqlen_k
+    kernel stores every query tile's first addition in this call
+    (``KernelFamily.stores_first_additions``: the sm90 backward, its deterministic first turns
+    or the claims of the other). (Varlen accumulators stay zeroed: a sequence may have no
+    keys.)"""
+    return not get_family(plan.family).stores_first_additions(plan, seqlen_q, seqlen_k)
 
 
 def dq_from_accum(
@@ -728,7 +726,7 @@ def launch_varlen_backward(
         dk = new_grad(k.shape, dtype=k.dtype, device=k.device)
         dv = new_grad(v.shape, dtype=v.dtype, device=v.device)
         semaphore = None
-        if plan.option("deterministic", False):
+        if get_family(plan.family).dq_counters(plan):
             semaphore = torch.zeros(
                 num_seqs, heads_q, -(-max_seqlen_q // plan.tile_m), dtype=torch.int32,
                 device=q.device,

@@ -90,28 +90,43 @@ def test_sm90_fragment_order_geometry():
 
 
 @pytest.mark.parametrize(
-    "family,deterministic,causal,window,seqlen_q,seqlen_k,zeroed",
+    "family,deterministic,causal,window,seqlen_q,seqlen_k,zeroed,head_dim",
     [
-        ("sm90", False, False, None, 1000, 1000, True),  # additions in any order
-        ("sm90", True, False, None, 1000, 1000, False),  # every query tile's first turn stores
-        ("sm90", True, False, None, 4097, 1, False),
-        ("sm90", True, True, None, 700, 1100, False),  # causal: every row sees key 0
-        ("sm90", True, True, None, 1000, 1000, False),
-        ("sm90", True, True, None, 1100, 700, True),  # the first 400 rows see no key
-        ("sm90", True, False, (100, 30), 900, 900, True),  # a window may leave tiles keyless
-        ("sm80", True, False, None, 1000, 1000, True),  # sm80 adds every turn
+        # Not deterministic: the claimed first addition stores where each key tile starts at
+        # a query tile of its own (d64: 128-row query tiles, 128-key tiles).
+        ("sm90", False, False, None, 1000, 1000, False, 64),  # 8 query tiles, 8 key tiles
+        ("sm90", False, False, None, 4097, 1, False, 64),
+        ("sm90", False, False, None, 129, 4097, True, 64),  # 33 key tiles start at 2 tiles
+        ("sm90", False, True, None, 1000, 1000, False, 64),  # each key tile at its diagonal
+        ("sm90", False, True, None, 1000, 1100, False, 64),  # one key tile left of the diagonal
+        ("sm90", False, True, None, 700, 1100, True, 64),  # four key tiles start at tile 0
+        ("sm90", False, True, None, 1100, 700, True, 64),  # the first 400 rows see no key
+        ("sm90", False, False, (100, 30), 900, 900, True, 64),  # no claims with a window
+        ("sm90", False, False, None, 1000, 1000, False, 256),
+        ("sm90", False, False, None, 1000, 1000, True, 128),  # d128, d96, d192: no claims
+        ("sm90", False, True, None, 1000, 1000, True, 96),
+        ("sm90", False, False, None, 1000, 1000, True, 192),
+        ("sm80", False, False, None, 1000, 1000, True, 64),  # additions in any order
+        # Deterministic: every query tile's first turn stores.
+        ("sm90", True, False, None, 1000, 1000, False, 128),
+        ("sm90", True, False, None, 4097, 1, False, 128),
+        ("sm90", True, True, None, 700, 1100, False, 128),  # causal: every row sees key 0
+        ("sm90", True, True, None, 1000, 1000, False, 128),
+        ("sm90", True, True, None, 1100, 700, True, 128),  # the first 400 rows see no key
+        ("sm90", True, False, (100, 30), 900, 900, True, 128),  # a window may leave tiles keyless
+        ("sm80", True, False, None, 1000, 1000, True, 128),  # sm80 adds every turn
     ],
 )
-def test_dq_accum_zeroed_unless_every_query_tile_has_a_first_turn(
-    family, deterministic, causal, window, seqlen_q, seqlen_k, zeroed
+def test_dq_accum_zeroed_unless_every_query_tile_has_a_first_store(
+    family, deterministic, causal, window, seqlen_q, seqlen_k, zeroed, head_dim
 ):
     from cuteattn.arch import arch_from_name
     from cuteattn.ops import dq_accum_needs_zeros
     from cuteattn.plan import Problem, plan_backward
 
     problem = Problem(
-        batch=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=4, heads_kv=2, head_dim=128,
-        head_dim_v=128, dtype="bf16", causal=causal, arch=arch_from_name("sm_90a"),
+        batch=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=4, heads_kv=2, head_dim=head_dim,
+        head_dim_v=head_dim, dtype="bf16", causal=causal, arch=arch_from_name("sm_90a"),
         deterministic=deterministic, window=window,
     )
     plan = plan_backward(problem, family=family)
@@ -122,3 +137,57 @@ def test_dq_accum_zeroed_unless_every_query_tile_has_a_first_turn(
     assert accum.shape == (2, 4, 2, rows, 64)
     if zeroed:
         assert not accum.any()
+
+
+def test_sm90_backward_counters():
+    """The sm90 backward takes per-query-tile counters where it orders (deterministic) or
+    claims (fixed length, no window) the additions; varlen and windowed non-deterministic
+    kernels add in any order into a zeroed accumulator and take none; sm80 only its turns."""
+    from cuteattn.plan import get_family
+
+    def plan(family, head_dim=64, **options):
+        from cuteattn.plan import KernelPlan
+
+        opts = dict(deterministic=False) | options
+        return KernelPlan(
+            family=family, arch="sm_90a", dtype="bf16", head_dim=head_dim, causal=False,
+            tile_m=128 if head_dim == 64 else 64, tile_n=128, num_threads=384, num_stages=2,
+            options=tuple(sorted(opts.items())), kind="backward",
+        )
+
+    sm90, sm80 = get_family("sm90"), get_family("sm80")
+    assert sm90.dq_counters(plan("sm90")) and sm90.dq_counters(plan("sm90", deterministic=True))
+    assert not sm90.dq_counters(plan("sm90", varlen=True))
+    # d128 (``CLAIM_HEAD_DIMS``) adds in any order into a zeroed accumulator.
+    assert not sm90.dq_counters(plan("sm90", head_dim=128))
+    assert not sm90.stores_first_additions(plan("sm90", head_dim=128), 1000, 1000)
+    assert sm90.dq_counters(plan("sm90", head_dim=128, deterministic=True))
+    assert not sm90.stores_first_additions(plan("sm90", varlen=True), 1000, 1000)
+    # Counters start free where claims run; claimed and stored where dq_accum is zeroed (every
+    # key tile adds at once); turns start at 0.
+    assert sm90.dq_counters_start(plan("sm90"), accum_zeroed=False) == 0
+    assert sm90.dq_counters_start(plan("sm90"), accum_zeroed=True) == 2
+    assert sm90.dq_counters_start(plan("sm90", deterministic=True), accum_zeroed=True) == 0
+    assert not sm90.dq_counters(plan("sm90", window=(100, 30)))
+    assert sm90.dq_counters(plan("sm90", deterministic=True, varlen=True))
+    assert not sm80.dq_counters(plan("sm80")) and sm80.dq_counters(plan("sm80", deterministic=True))
+
+
+@pytest.mark.parametrize("deterministic", (False, True))
+@pytest.mark.parametrize("head_dim", (64, 96, 128, 192, 256))
+def test_sm90_backward_kernel_claims_where_the_host_plans_them(head_dim, deterministic):
+    """The kernel claims its first additions exactly where the host skips the zero fill for
+    them (``backward_claims_first_addition``): non-deterministic, ``CLAIM_HEAD_DIMS``."""
+    pytest.importorskip("cutlass")
+    from cuteattn.arch import arch_from_name
+    from cuteattn.kernels.sm90.family import CLAIM_HEAD_DIMS, backward_claims_first_addition
+    from cuteattn.plan import Problem, get_family, plan_backward
+
+    plan = plan_backward(Problem(
+        batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2, head_dim=head_dim,
+        head_dim_v=head_dim, dtype="bf16", causal=False, arch=arch_from_name("sm_90a"),
+        deterministic=deterministic,
+    ), family="sm90")
+    claims = get_family("sm90").kernel(plan).claims
+    assert claims == backward_claims_first_addition(plan)
+    assert claims == (not deterministic and head_dim in CLAIM_HEAD_DIMS)

@@ -10,6 +10,7 @@ reference computed in the inputs' dtype) plus a small floor.
 import pytest
 import torch
 
+from cuteattn.kernels.sm90.family import CLAIM_HEAD_DIMS
 from cuteattn.plan import families
 
 pytestmark = pytest.mark.gpu
@@ -127,29 +128,60 @@ def test_deterministic_backward_is_bitwise_reproducible(family, head_dim, causal
     assert all(torch.equal(x.grad, g) for x, g in zip(leaves, runs[0]))
 
 
-# (seqlen_q, seqlen_k, causal, window): the sm90 deterministic backward stores each query
-# tile's first addition, so dense and causal seqlen_q <= seqlen_k leave dq_accum unzeroed
-# (``ops.dq_accum_needs_zeros``); causal seqlen_q > seqlen_k (query tiles no key reaches) and a
+# (seqlen_q, seqlen_k, causal, window): the sm90 backward stores each query tile's first
+# addition (deterministic: its first turn; else the key tile that claims it) and leaves
+# dq_accum unzeroed where every query tile gets one (``Sm90Family.stores_first_additions``):
+# deterministic, dense and causal seqlen_q <= seqlen_k; claims, where each key tile starts at
+# a query tile of its own (dense: at least as many query tiles as key tiles; causal: seqlen_k -
+# seqlen_q below a key tile). Causal seqlen_q > seqlen_k (query tiles no key reaches) and a
 # window still zero it.
 RECYCLED_CASES = (
-    (1000, 1000, False, (-1, -1)), (700, 1100, True, (-1, -1)), (1100, 700, True, (-1, -1)),
-    (900, 900, False, (100, 30)), (129, 4097, False, (-1, -1)),
+    (1000, 1000, False, (-1, -1)), (1000, 1000, True, (-1, -1)), (700, 1100, True, (-1, -1)),
+    (1000, 1100, True, (-1, -1)), (1100, 700, True, (-1, -1)), (900, 900, False, (100, 30)),
+    (129, 4097, False, (-1, -1)), (4097, 129, False, (-1, -1)),
 )
 
 
+def _poison_accumulator_blocks(plan, batch, heads_q, seqlen_q):
+    """Blocks of ``plan``'s dq accumulator's size, NaN-filled and freed: the caching allocator
+    hands them out again."""
+    from cuteattn.plan import get_family
+
+    rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
+    chunks, row_pad = get_family(plan.family).dq_accum_chunks(plan)
+    shape = (batch, heads_q, chunks, rows, plan.head_dim // chunks + row_pad)
+    poison = [torch.full(shape, float("nan"), device="cuda") for _ in range(3)]
+    del poison
+
+
+def _runs_unzeroed(family, deterministic, plan, case) -> bool:
+    """Whether the recycled-memory case's dq_accum starts unzeroed (the rule above)."""
+    seqlen_q, seqlen_k, causal, window = case
+    if family != "sm90" or window != (-1, -1):
+        return False
+    if deterministic:
+        return not (causal and seqlen_q > seqlen_k)
+    if plan.head_dim not in CLAIM_HEAD_DIMS:  # these add into a zeroed accumulator
+        return False
+    if causal:
+        return 0 <= seqlen_k - seqlen_q < plan.tile_n
+    return -(-seqlen_q // plan.tile_m) >= -(-seqlen_k // plan.tile_n)
+
+
 @pytest.mark.parametrize("case", RECYCLED_CASES, ids=str)
-@pytest.mark.parametrize("head_dim", (64, 96, 128, 256))
+@pytest.mark.parametrize("head_dim", (64, 96, 128, 192, 256))
+@pytest.mark.parametrize("deterministic", (False, True))
 @pytest.mark.parametrize("family", BACKWARD_FAMILIES)
-def test_deterministic_gradients_from_recycled_memory(family, head_dim, case):
-    """The deterministic backward with the caching allocator's blocks of the dq accumulator's
-    size full of NaN first: where the accumulator is not zeroed, every element the postprocess
-    reads was written by a first turn; dq matches the reference and the run with fresh
-    blocks, bitwise."""
+def test_gradients_from_recycled_memory(family, deterministic, head_dim, case):
+    """The backward with the caching allocator's blocks of the dq accumulator's size full of
+    NaN first: where the accumulator is not zeroed, every element the postprocess reads was
+    written by a first addition's store; dq matches the reference (deterministic: and the run
+    with fresh blocks, bitwise)."""
     from cuteattn import api, ops
-    from cuteattn.plan import Problem, get_family, plan_backward
+    from cuteattn.plan import Problem, plan_backward
     from cuteattn.runtime.arch import device_arch
 
-    _skip_unless_supported(family, head_dim, deterministic=True)
+    _skip_unless_supported(family, head_dim, deterministic=deterministic)
     seqlen_q, seqlen_k, causal, window = case
     batch, heads_q, heads_kv = 2, 4, 2
     q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -158,25 +190,22 @@ def test_deterministic_gradients_from_recycled_memory(family, head_dim, case):
     dout = torch.randn_like(q)
     mask = dict(causal=causal, window_size=window)
     out, lse = api.forward(q, k, v, family=family, **mask)
-    fresh = api.backward(dout, q, k, v, out, lse, deterministic=True, family=family, **mask)
+    modes = dict(deterministic=deterministic, family=family, **mask)
+    fresh = api.backward(dout, q, k, v, out, lse, **modes)
     torch.cuda.synchronize()
     problem = Problem(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
         head_dim=head_dim, head_dim_v=head_dim, dtype="bf16", causal=causal,
-        arch=device_arch(q.device), deterministic=True,
+        arch=device_arch(q.device), deterministic=deterministic,
         window=None if window == (-1, -1) else window,
     )
     plan = plan_backward(problem, family=family)
-    rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
-    chunks, row_pad = get_family(family).dq_accum_chunks(plan)
-    shape = (batch, heads_q, chunks, rows, plan.head_dim // chunks + row_pad)
-    # Blocks of the accumulator's size, NaN-filled and freed: the allocator hands them out again.
-    poison = [torch.full(shape, float("nan"), device="cuda") for _ in range(3)]
-    del poison
-    got = api.backward(dout, q, k, v, out, lse, deterministic=True, family=family, **mask)
+    _poison_accumulator_blocks(plan, batch, heads_q, seqlen_q)
+    got = api.backward(dout, q, k, v, out, lse, **modes)
     torch.cuda.synchronize()
     assert all(not g.isnan().any() for g in got)
-    assert all(torch.equal(a, b) for a, b in zip(got, fresh))
+    if deterministic:
+        assert all(torch.equal(a, b) for a, b in zip(got, fresh))
     from cuteattn.testing import assert_close_to_reference, reference_grads
 
     kwargs = dict(causal=causal, window_size=window)
@@ -184,9 +213,52 @@ def test_deterministic_gradients_from_recycled_memory(family, head_dim, case):
     low = reference_grads(q, k, v, dout, upcast=False, **kwargs)
     for name, g, ref, pt in zip(("dq", "dk", "dv"), got, want, low):
         assert_close_to_reference(name, g, ref, pt)
-    # Which of the cases ran unzeroed (the sm90 family: dense and causal up to seqlen_k).
-    zeroed = ops.dq_accum_needs_zeros(plan, seqlen_q, seqlen_k)
-    assert zeroed == (family != "sm90" or window != (-1, -1) or (causal and seqlen_q > seqlen_k))
+    # Which of the cases ran unzeroed.
+    unzeroed = not ops.dq_accum_needs_zeros(plan, seqlen_q, seqlen_k)
+    assert unzeroed == _runs_unzeroed(family, deterministic, plan, case)
+
+
+# (seqlen_q, seqlen_k, causal): many key tiles start at one query tile together (the host zero
+# fills dq_accum there instead of claiming): 33 key tiles on 3 query tiles, 16 on one, causal
+# with four key tiles left of the diagonal.
+CONTENTION_CASES = ((129, 4097, False), (1, 2048, False), (700, 1100, True))
+
+
+@pytest.mark.parametrize("case", CONTENTION_CASES, ids=str)
+@pytest.mark.parametrize("head_dim", (64, 256))  # kernels/sm90/family.py CLAIM_HEAD_DIMS
+def test_claims_under_contention(monkeypatch, head_dim, case):
+    """The sm90 non-deterministic backward with its claims forced on where most key tiles
+    wait for another's store, over NaN-filled accumulator blocks: dq matches the reference."""
+    from cuteattn import api, ops
+    from cuteattn.kernels.sm90.family import Sm90Family
+    from cuteattn.plan import Problem, plan_backward
+    from cuteattn.runtime.arch import device_arch
+
+    _skip_unless_supported("sm90", head_dim)
+    monkeypatch.setattr(Sm90Family, "stores_first_additions", lambda self, plan, sq, sk: True)
+    seqlen_q, seqlen_k, causal = case
+    batch, heads_q, heads_kv = 2, 4, 2
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    out, lse = api.forward(q, k, v, causal=causal, family="sm90")
+    plan = plan_backward(Problem(
+        batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+        head_dim=head_dim, head_dim_v=head_dim, dtype="bf16", causal=causal,
+        arch=device_arch(q.device),
+    ), family="sm90")
+    assert not ops.dq_accum_needs_zeros(plan, seqlen_q, seqlen_k)
+    _poison_accumulator_blocks(plan, batch, heads_q, seqlen_q)
+    got = api.backward(dout, q, k, v, out, lse, causal=causal, family="sm90")
+    torch.cuda.synchronize()
+    assert all(not g.isnan().any() for g in got)
+    from cuteattn.testing import assert_close_to_reference, reference_grads
+
+    want = reference_grads(q, k, v, dout, causal=causal)
+    low = reference_grads(q, k, v, dout, upcast=False, causal=causal)
+    for name, g, ref, pt in zip(("dq", "dk", "dv"), got, want, low):
+        assert_close_to_reference(name, g, ref, pt)
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device call 1 for wip/dq-claims.diff (run from the repository root, the diff applied):
+# The fixed-length sm90 backward ids (run from the repository root; device call 1 of the
+# twenty-seventh session, for the dq claims):
 #   source .devdeps/prelude.sh && bash wip/notes/dq-claims-tests.sh
 # The fixed-length sm90 backward ids the claims touch (~715), in 12 shards; summary and logs
 # under $OUT.

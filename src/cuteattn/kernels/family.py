@@ -222,11 +222,12 @@ class KernelFamily(abc.ABC):
 
     def fake_backward_args(self, plan: KernelPlan) -> tuple:
         """(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore) fake DSL arguments to
-        compile a backward plan's kernel with (semaphore None unless the plan is
-        deterministic)."""
+        compile a backward plan's kernel with (semaphore None unless ``dq_counters``)."""
         from cuteattn.kernels.common.compile_args import fake_backward_args
 
-        return fake_backward_args(plan, self.dq_accum_chunks(plan))
+        return fake_backward_args(
+            plan, self.dq_accum_chunks(plan), counters=self.dq_counters(plan)
+        )
 
     def planning_knobs(self, problem: Problem) -> tuple:
         """What the family's choice for ``problem`` reads besides the problem (a benchmark's
@@ -253,11 +254,23 @@ class KernelFamily(abc.ABC):
         rows padded by row_pad floats (the default, (1, 0), is plain (rows, head_dim))."""
         return 1, 0
 
-    def dq_first_turn_stores(self, plan: KernelPlan) -> bool:
-        """Whether a backward plan's kernel stores each query tile's first addition to
-        dq_accum (the first turn of a deterministic order) instead of adding it, so that a
-        fixed-length batch's accumulator needs no zero fill (``ops.dq_accum_needs_zeros``)."""
+    def stores_first_additions(self, plan: KernelPlan, seqlen_q: int, seqlen_k: int) -> bool:
+        """Whether a fixed-length backward call of ``plan``'s kernel stores every query tile's
+        first addition to dq_accum (a deterministic first turn, or the key tile that claims the
+        query tile) instead of adding it, so that its accumulator needs no zero fill
+        (``ops.dq_accum_needs_zeros``)."""
         return False
+
+    def dq_counters(self, plan: KernelPlan) -> bool:
+        """Whether a backward plan's kernel takes int32 counters per (batch, query head, query
+        tile): the deterministic turns, or the claims of a query tile's first addition
+        (``semaphore`` in ``ops.launch_backward``)."""
+        return bool(plan.option("deterministic", False))
+
+    def dq_counters_start(self, plan: KernelPlan, accum_zeroed: bool) -> int:
+        """The value the counters start at (``dq_counters``): 0, the first turn (or a query
+        tile nobody has claimed yet)."""
+        return 0
 
     def dq_accum_fragment_order(self, plan: KernelPlan) -> tuple | None:
         """(this family's name, its layout...) when a backward plan's kernel adds each query

@@ -70,9 +70,10 @@ def compile_backward(plan: KernelPlan):
     """Compile (or fetch) the main backward kernel for a plan.
 
     Call it as ``fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore, cu_seqlens_q,
-    cu_seqlens_k, seqused_k, max_seqlen_k, softmax_scale)``: ``semaphore`` is the int32 turn
-    counters of a deterministic plan, else None; the varlen bookkeeping of a varlen plan, else
-    None (and 0) (``cuteattn.ops.launch_backward`` prepares the buffers).
+    cu_seqlens_k, seqused_k, max_seqlen_k, softmax_scale)``: ``semaphore`` is the int32
+    counters of a plan whose family ``dq_counters`` (deterministic turns, or claims), else
+    None; the varlen bookkeeping of a varlen plan, else None (and 0)
+    (``cuteattn.ops.launch_backward`` prepares the buffers).
     """
     if plan.kind != "backward":
         raise ValueError(f"not a backward plan: {plan}")

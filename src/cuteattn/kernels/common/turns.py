@@ -109,3 +109,24 @@ def pass_turn(counter: cute.Pointer, turn: Int32):
     """Hand the query tile to the next turn (release: this thread's additions, and those it has
     synchronised with, are visible first). Called by one thread."""
     cute.arch.store(counter, turn + 1, sem="release", scope="gpu")
+
+
+# The non-deterministic sm90 backward's claims (``claim``): a query tile's counter is FREE until
+# a key tile claims the query tile's first addition (a store, over whatever dq_accum held), and
+# STORED once that store is performed; the other key tiles add after it.
+CLAIM_FREE, CLAIMED, CLAIM_STORED = 0, 1, 2
+
+
+@cute.jit
+def claim(counter: cute.Pointer):
+    """Claim the first addition to a query tile: FREE -> CLAIMED (the caller stores, then
+    passes the counter on to CLAIM_STORED: ``pass_turn(counter, CLAIMED)``), or, claimed by
+    another key tile, wait until its store is performed (acquire). Returns the counter's value
+    before: FREE when this caller claimed it. Called by one thread; the caller holds the others
+    back. Never deadlocks: a claimer waits for nothing outside its CTA until it passes."""
+    seen = cute.arch.atomic_cas(
+        counter, cmp=Int32(CLAIM_FREE), val=Int32(CLAIMED), sem="acquire", scope="gpu"
+    )
+    if seen == CLAIMED:
+        wait_for_turn(counter, Int32(CLAIM_STORED))
+    return seen

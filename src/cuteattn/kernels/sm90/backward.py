@@ -56,6 +56,13 @@ parity, each with its writer warp (warp 1 the even steps, warp 2 the odd ones:
 turn stores its dQ (a bulk copy) where the others add, so dq_accum needs no zero fill where
 every query tile has one (``ops.dq_accum_needs_zeros``).
 
+Not deterministic, fixed length, no window, d64 / d256 (``family.CLAIM_HEAD_DIMS``; d128 lost
+2-4% to the per-step compare-and-swap): the additions come in any order, but the first to
+a query tile is claimed (a compare-and-swap on its counter, ``turns.claim``) and stores its dQ;
+the others add once that store is performed, so dq_accum needs no zero fill there either.
+Dense, each key tile starts at its own share of the query tiles (``step_tile``'s rotation), so
+that a query tile's visits come a step or more apart and seldom wait for a claim.
+
 Constraints: fp16/bf16; head_dim 64, 96, 128 (192 and 256: ``backward_wide.py``, a subclass);
 tile_m 64 (d64: or 128; d128: or 80, dQ then computed transposed), tile_n 128 (two consumer
 warpgroups), Q / dO stages 2 (``family.BACKWARD_TILES``).
@@ -97,6 +104,7 @@ from cuteattn.kernels.sm90.family import (
     backward_dq_splits_rows,
     backward_do_stages,
     backward_smem_bytes,
+    claims_first_addition,
 )
 from cuteattn.kernels.sm90.dq_fragments import DqSplit, fragment_slots, fragment_vectors
 from cuteattn.kernels.sm90.ragged import packed_tma_view, sequence_rows
@@ -158,6 +166,12 @@ class FlashBackwardSm90(AttentionKernel):
         # dO's stages: Q's, or fewer (``family.BACKWARD_DO_STAGES``; the wide kernel only).
         self.do_stages = backward_do_stages(self.head_dim, self.tile_m, self.tile_n, num_stages)
         self.deterministic = deterministic
+        # Not deterministic, fixed length, no window, d64 / d256: a query tile's first addition
+        # claimed and stored (``turns.claim``), dq_accum unzeroed (``claims_first_addition``).
+        self.claims = claims_first_addition(
+            deterministic=deterministic, varlen=self.varlen, window=self.window,
+            head_dim=self.head_dim,
+        )
         self.hold_descriptors = hold_descriptors
         self.num_consumer_threads = NUM_CONSUMER_WGS * THREADS_PER_WARPGROUP
         self.num_threads = (1 + NUM_CONSUMER_WGS) * THREADS_PER_WARPGROUP
@@ -277,7 +291,7 @@ class FlashBackwardSm90(AttentionKernel):
         mdQaccum: cute.Tensor,  # (batch, heads_q, chunks, rows, chunk dim + pad) fp32
         mdK: cute.Tensor,  # (batch, seqlen_k, heads_kv, dim)
         mdV: cute.Tensor,
-        mSemaphore: cute.Tensor | None,  # deterministic: (batch, heads_q, m_blocks) int32, zeroed
+        mSemaphore: cute.Tensor | None,  # turns or claims: (batch, heads_q, m_blocks) int32
         mCuSeqlensQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 row offsets, else None
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,  # varlen: keys used per sequence, or None
@@ -537,6 +551,16 @@ class FlashBackwardSm90(AttentionKernel):
         steps = dict(
             head_kv=head_kv, group=group, m_block_min=m_block_min, num_m_blocks=num_m_blocks
         )
+        if cutlass.const_expr(self.claims and not self.causal):
+            # Dense, every key tile would reach query tile m at its step m, together: one
+            # claims it and the others wait for its store. Each starts at its own share of the
+            # query tiles instead, so a query tile's first visit comes a step or more before
+            # the next (causal: each key tile starts at its diagonal already).
+            num_key_tiles = cute.ceil_div(seqlen.seqlen_k, self.tile_n)
+            # In 64 bits: the product passes 2^31 from about 4M x 4M tokens.
+            steps["rotation"] = Int32(
+                cutlass.Int64(n_block) * cutlass.Int64(num_m_blocks) // cutlass.Int64(num_key_tiles)
+            )
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -588,9 +612,15 @@ class FlashBackwardSm90(AttentionKernel):
         return state if state_do is None else state_do
 
     @staticmethod
-    def step_tile(step: Int32, *, head_kv, group, m_block_min, num_m_blocks):
-        """(query head, m_block) of loop step ``step``: the group's heads, then query tiles."""
-        return head_kv * group + step // num_m_blocks, m_block_min + step % num_m_blocks
+    def step_tile(step: Int32, *, head_kv, group, m_block_min, num_m_blocks, rotation=None):
+        """(query head, m_block) of loop step ``step``: the group's heads, then query tiles,
+        from m_block_min + ``rotation`` (below num_m_blocks) round to it."""
+        head = head_kv * group + step // num_m_blocks
+        if cutlass.const_expr(rotation is None):
+            return head, m_block_min + step % num_m_blocks
+        tile_offset = step % num_m_blocks + rotation
+        tile_offset = tile_offset - num_m_blocks * Int32(tile_offset >= num_m_blocks)
+        return head, m_block_min + tile_offset
 
     # ---- Producer: TMA loads ------------------------------------------------------------------
 
@@ -724,8 +754,9 @@ class FlashBackwardSm90(AttentionKernel):
     ):
         """Once warpgroup ``wg`` has filled ``sdQ_block`` (``full_barrier``), add it to its
         block of dq_accum (query tile ``m_block``, columns ``chunk``) by one bulk reduction,
-        committed as a bulk group of its own. Deterministic, ``first_turn`` (the query tile's
-        first addition): the block is stored instead, over whatever dq_accum held."""
+        committed as a bulk group of its own. ``first_turn`` (the query tile's first addition:
+        the deterministic first turn, or a claim): the block is stored instead, over whatever
+        dq_accum held."""
         rows = seqlen.buffer_rows(
             mdQaccum[None, None, chunk, None, None], batch, head,
             packed=self.varlen, rows_tile=self.tile_m,
@@ -771,7 +802,9 @@ class FlashBackwardSm90(AttentionKernel):
 
         Deterministic: the additions to a query tile happen in turn order (``turns``), and
         where both warpgroups add to the same block (split by keys) the first one's addition
-        completes before the second is issued.
+        completes before the second is issued. Claims (``self.claims``): the key tile that
+        claims a query tile stores its blocks and passes the counter on once they are
+        performed; the others add after that.
         """
         lane = cute.arch.lane_idx()
         for step in cutlass.range(steps["group"] * steps["num_m_blocks"], unroll=1):
@@ -790,12 +823,16 @@ class FlashBackwardSm90(AttentionKernel):
                     counter, turn = self.take_dq_turn(
                         mSemaphore, block_info, seqlen, batch, head, m_block, n_block, lane
                     )
+                if cutlass.const_expr(self.claims and dq_pass == 0):
+                    counter, claimed = self.claim_dq_tile(mSemaphore, batch, head, m_block, lane)
                 for wg in cutlass.range_constexpr(self.dq_wgs):
                     shared_block = self.dq_blocks_shared(dq_pass)
                     first_turn = None
                     if cutlass.const_expr(self.deterministic):
                         # Where both warpgroups add to one block, the first of them only.
                         first_turn = turn == 0 if wg == 0 or not shared_block else False
+                    if cutlass.const_expr(self.claims):
+                        first_turn = claimed if wg == 0 or not shared_block else False
                     self.add_dq_block(
                         mdQaccum, sdQ[None, (None, wg)], seqlen, batch, head, m_block, wg,
                         self.dq_chunk(wg, dq_pass), BackwardBarrier.DQ_FULL + wg, first_turn,
@@ -803,8 +840,14 @@ class FlashBackwardSm90(AttentionKernel):
                     if cutlass.const_expr(self.deterministic and shared_block and wg == 0):
                         # Both warpgroups add to this block: a fixed order of the additions.
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    if cutlass.const_expr(self.claims and shared_block and wg == 0):
+                        if claimed:  # the second warpgroup adds to the block once it is stored
+                            cute.arch.cp_async_bulk_wait_group(0, read=False)
             if cutlass.const_expr(self.deterministic):
                 self.pass_dq_turn(counter, turn, lane)
+            if cutlass.const_expr(self.claims):
+                if claimed:
+                    self.pass_dq_turn(counter, Int32(turns.CLAIMED), lane)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -821,6 +864,25 @@ class FlashBackwardSm90(AttentionKernel):
             turns.wait_for_turn(counter, turn)
         cute.arch.sync_warp()
         return counter, turn
+
+    @cute.jit
+    def claim_dq_tile(
+        self, mSemaphore: cute.Tensor, batch: Int32, head: Int32, m_block: Int32, lane: Int32
+    ):
+        """Not deterministic, the writer warp: claim query tile (``head``, ``m_block``)'s
+        first addition (``turns.claim``); the counter and whether this key tile claimed it
+        (it stores its dQ and passes the counter on: ``pass_dq_turn(counter, CLAIMED)``), else
+        its store is performed and this one adds."""
+        counter = mSemaphore[batch, head, None].iterator + m_block
+        seen = Int32(turns.CLAIMED)
+        if lane == 0:
+            seen = turns.claim(counter)
+        seen = cute.arch.shuffle_sync(seen, 0)
+        cute.arch.sync_warp()
+        # The claimer's store came through the async proxy, and so will this warp's additions:
+        # ordered after the (generic) acquire.
+        cute.arch.fence_proxy("async.global")
+        return counter, seen == turns.CLAIM_FREE
 
     @cute.jit
     def pass_dq_turn(self, counter: cute.Pointer, turn: Int32, lane: Int32):

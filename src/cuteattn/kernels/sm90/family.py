@@ -264,6 +264,36 @@ def backward_dq_fragment_order(head_dim: int) -> bool:
     return head_dim not in WIDE_BACKWARD_SPLIT_DIM
 
 
+# Kernel head dims whose non-deterministic backward claims its first additions: on the H200
+# (docs/PERF.md "twenty-seventh session") d64 and d256 ran as fast or faster in every row of
+# issue 6's grid (seqlen 1k-16k, dense and causal; up to 9%, d64 causal 1k); d128 lost 2-4% at
+# 4k and 16k to its dQ writer's per-step compare-and-swap (as much with the zero fill kept;
+# wip/README.md, dq-claims-early); d96 and d192 are unmeasured.
+CLAIM_HEAD_DIMS = (64, 256)
+
+
+def claims_first_addition(*, deterministic: bool, varlen: bool, window, head_dim: int) -> bool:
+    """Whether the non-deterministic backward kernel claims each query tile's first addition
+    to dq_accum (a compare-and-swap on the query tile's counter; the claimer stores its dQ,
+    the others add once the store is performed), so that dq_accum needs no zero fill: 268 MB
+    (~60 us) per call of 32 x 1024 tokens x 2048 features, 3-6% at d64 1k. Fixed length without
+    a window only: there every query tile is reached by a key tile (causal with seqlen_q <=
+    seqlen_k: ``ops.dq_accum_needs_zeros``); deterministic kernels store their first turns.
+    ``head_dim``: the kernel's (``CLAIM_HEAD_DIMS``)."""
+    return (
+        not deterministic and not varlen and window is None and head_dim in CLAIM_HEAD_DIMS
+    )
+
+
+def backward_claims_first_addition(plan: KernelPlan) -> bool:
+    """``claims_first_addition`` of a backward plan."""
+    return plan.kind == "backward" and claims_first_addition(
+        deterministic=bool(plan.option("deterministic", False)),
+        varlen=bool(plan.option("varlen", False)), window=plan.option("window"),
+        head_dim=plan.head_dim,
+    )
+
+
 def backward_dq_slots(
     head_dim: int, tile_m: int, tile_n: int, stages: int, deterministic: bool
 ) -> int:
@@ -537,8 +567,34 @@ class Sm90Family(KernelFamily):
             return backward_dq_chunks(plan.head_dim, plan.tile_m)
         return super().dq_accum_chunks(plan)
 
-    def dq_first_turn_stores(self, plan: KernelPlan) -> bool:
-        return plan.kind == "backward" and bool(plan.option("deterministic", False))
+    def stores_first_additions(self, plan: KernelPlan, seqlen_q: int, seqlen_k: int) -> bool:
+        # Without a window every query row sees a key (seqlen_k > 0: ``ops.has_no_work``), with
+        # the causal mask (bottom-right aligned) where seqlen_q <= seqlen_k.
+        if plan.kind != "backward" or plan.option("window") is not None:
+            return False
+        if plan.option("deterministic", False):
+            return not (plan.causal and seqlen_q > seqlen_k)
+        if not backward_claims_first_addition(plan):
+            return False
+        # Claims pay where each key tile starts at a query tile of its own: key tiles that
+        # start at one query tile together wait for the claimer's store (the fill costs less).
+        # Causal, the key tiles wholly left of the diagonal all start at query tile 0 (and
+        # seqlen_q > seqlen_k leaves rows without keys); dense, each key tile starts at its
+        # share of the query tiles (``FlashBackwardSm90.step_tile``'s rotation).
+        if plan.causal:
+            return 0 <= seqlen_k - seqlen_q < plan.tile_n
+        return -(-seqlen_q // plan.tile_m) >= -(-seqlen_k // plan.tile_n)
+
+    def dq_counters(self, plan: KernelPlan) -> bool:
+        return super().dq_counters(plan) or backward_claims_first_addition(plan)
+
+    def dq_counters_start(self, plan: KernelPlan, accum_zeroed: bool) -> int:
+        if backward_claims_first_addition(plan) and accum_zeroed:
+            # Every query tile as if claimed and stored: each key tile adds, none waits.
+            from cuteattn.kernels.common.turns import CLAIM_STORED
+
+            return CLAIM_STORED
+        return super().dq_counters_start(plan, accum_zeroed)
 
     def dq_accum_fragment_order(self, plan: KernelPlan) -> tuple | None:
         if plan.kind == "backward" and backward_dq_fragment_order(plan.head_dim):
