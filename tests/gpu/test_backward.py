@@ -219,8 +219,8 @@ def test_gradients_from_recycled_memory(family, deterministic, head_dim, case):
 
 
 # (seqlen_q, seqlen_k, causal): many key tiles start at one query tile together (the host zero
-# fills dq_accum there instead of claiming): 33 key tiles on 3 query tiles, 16 on one, causal
-# with four key tiles left of the diagonal.
+# fills dq_accum there instead of claiming): 33 key tiles (d256: 65) on 2-3 query tiles, 16 (32)
+# on one, causal with four (eight) key tiles left of the diagonal.
 CONTENTION_CASES = ((129, 4097, False), (1, 2048, False), (700, 1100, True))
 
 
