@@ -77,14 +77,12 @@ def _fake_varlen_args(plan: KernelPlan) -> tuple:
     return cu_seqlens_q, cu_seqlens_k, seqused_k
 
 
-def fake_backward_args(
-    plan: KernelPlan, dq_chunks: tuple[int, int] = (1, 0), counters: bool | None = None
-) -> tuple:
+def fake_backward_args(plan: KernelPlan, dq_chunks: tuple[int, int], counters: bool) -> tuple:
     """(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, semaphore): inputs and gradients in
     the flash-attn layout, the preprocess's fp32 per-row buffers, rows padded (a symbolic
     count) so whole query tiles stay in bounds, dq_accum as (batch, heads_q, chunks, rows,
     head_dim / chunks + row_pad) for ``dq_chunks`` = (chunks, row_pad), and where the kernel
-    takes ``counters`` (default: a deterministic plan) the int32 (batch or sequences, heads_q,
+    takes ``counters`` (``KernelFamily.dq_counters``) the int32 (batch or sequences, heads_q,
     m_blocks) counters (else None); then a varlen plan's cumulative lengths and keys used
     (else None) and its longest key sequence (an Int32)."""
     n = _fake_sizes()
@@ -105,8 +103,6 @@ def fake_backward_args(
         n["batch"], n["heads_q"], chunks, rows, plan.head_dim // chunks + row_pad, align=16
     )
     semaphore = None
-    if counters is None:
-        counters = bool(plan.option("deterministic", False))
     if counters:
         # Counters per sequence: a packed batch's q has batch 1, its counters one per sequence.
         sequences = cute.sym_int() if plan.option("varlen", False) else n["batch"]
