@@ -90,7 +90,6 @@ def _tile_counter(device: torch.device) -> torch.Tensor:
 
 
 @functools.cache
-@functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 

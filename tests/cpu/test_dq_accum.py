@@ -103,9 +103,12 @@ def test_sm90_fragment_order_geometry():
         ("sm90", False, True, None, 1100, 700, True, 64),  # the first 400 rows see no key
         ("sm90", False, False, (100, 30), 900, 900, True, 64),  # no claims with a window
         ("sm90", False, False, None, 1000, 1000, False, 256),
-        ("sm90", False, False, None, 1000, 1000, True, 128),  # d128, d96, d192: no claims
-        ("sm90", False, True, None, 1000, 1000, True, 96),
-        ("sm90", False, False, None, 1000, 1000, True, 192),
+        ("sm90", False, False, None, 1000, 1000, True, 128),  # d128: no claims
+        # d96, d192: claims up to ``CLAIM_MAX_KEYS`` keys.
+        ("sm90", False, True, None, 1000, 1000, False, 96),
+        ("sm90", False, False, None, 4096, 4096, False, 192),
+        ("sm90", False, False, None, 4097, 4097, True, 192),
+        ("sm90", False, True, None, 8192, 8192, True, 96),
         ("sm80", False, False, None, 1000, 1000, True, 64),  # additions in any order
         # Deterministic: every query tile's first turn stores.
         ("sm90", True, False, None, 1000, 1000, False, 128),
@@ -143,12 +146,20 @@ def test_sm90_backward_counters():
     """The sm90 backward takes per-query-tile counters where it orders (deterministic) or
     claims (fixed length, no window) the additions; varlen and windowed non-deterministic
     kernels add in any order into a zeroed accumulator and take none; sm80 only its turns."""
+    from cuteattn.kernels.sm90.family import claims_first_addition
     from cuteattn.plan import get_family
 
     def plan(family, head_dim=64, **options):
         from cuteattn.plan import KernelPlan
 
         opts = dict(deterministic=False) | options
+        if opts.get("claims") is False:
+            del opts["claims"]
+        elif family == "sm90" and claims_first_addition(
+            deterministic=opts["deterministic"], varlen=opts.get("varlen", False),
+            window=opts.get("window"), head_dim=head_dim,
+        ):
+            opts["claims"] = True  # as the planner sets it
         return KernelPlan(
             family=family, arch="sm_90a", dtype="bf16", head_dim=head_dim, causal=False,
             tile_m=128 if head_dim == 64 else 64, tile_n=128, num_threads=384, num_stages=2,
@@ -158,9 +169,11 @@ def test_sm90_backward_counters():
     sm90, sm80 = get_family("sm90"), get_family("sm80")
     assert sm90.dq_counters(plan("sm90")) and sm90.dq_counters(plan("sm90", deterministic=True))
     assert not sm90.dq_counters(plan("sm90", varlen=True))
-    # d128 (``CLAIM_HEAD_DIMS``) adds in any order into a zeroed accumulator.
+    # A plan without ``claims`` (d128; d96 / d192 past 4k keys) adds in any order into a
+    # zeroed accumulator.
     assert not sm90.dq_counters(plan("sm90", head_dim=128))
     assert not sm90.stores_first_additions(plan("sm90", head_dim=128), 1000, 1000)
+    assert not sm90.dq_counters(plan("sm90", claims=False))
     assert sm90.dq_counters(plan("sm90", head_dim=128, deterministic=True))
     assert not sm90.stores_first_additions(plan("sm90", varlen=True), 1000, 1000)
     # Counters start free where claims run; claimed and stored where dq_accum is zeroed (every
@@ -173,21 +186,63 @@ def test_sm90_backward_counters():
     assert not sm80.dq_counters(plan("sm80")) and sm80.dq_counters(plan("sm80", deterministic=True))
 
 
+@pytest.mark.parametrize("seqlen_k", (1000, 4096, 4097))
 @pytest.mark.parametrize("deterministic", (False, True))
 @pytest.mark.parametrize("head_dim", (64, 96, 128, 192, 256))
-def test_sm90_backward_kernel_claims_where_the_host_plans_them(head_dim, deterministic):
+def test_sm90_backward_kernel_claims_where_the_host_plans_them(head_dim, deterministic, seqlen_k):
     """The kernel claims its first additions exactly where the host skips the zero fill for
-    them (``backward_claims_first_addition``): non-deterministic, ``CLAIM_HEAD_DIMS``."""
+    them (``backward_claims_first_addition``): non-deterministic, ``CLAIM_HEAD_DIMS`` at every
+    length, ``SHORT_CLAIM_HEAD_DIMS`` up to ``CLAIM_MAX_KEYS`` keys."""
     pytest.importorskip("cutlass")
     from cuteattn.arch import arch_from_name
-    from cuteattn.kernels.sm90.family import CLAIM_HEAD_DIMS, backward_claims_first_addition
+    from cuteattn.kernels.sm90.family import (
+        CLAIM_HEAD_DIMS,
+        CLAIM_MAX_KEYS,
+        SHORT_CLAIM_HEAD_DIMS,
+        backward_claims_first_addition,
+    )
     from cuteattn.plan import Problem, get_family, plan_backward
 
     plan = plan_backward(Problem(
-        batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2, head_dim=head_dim,
+        batch=2, seqlen_q=1000, seqlen_k=seqlen_k, heads_q=4, heads_kv=2, head_dim=head_dim,
         head_dim_v=head_dim, dtype="bf16", causal=False, arch=arch_from_name("sm_90a"),
         deterministic=deterministic,
     ), family="sm90")
     claims = get_family("sm90").kernel(plan).claims
     assert claims == backward_claims_first_addition(plan)
-    assert claims == (not deterministic and head_dim in CLAIM_HEAD_DIMS)
+    assert claims == (not deterministic and (
+        head_dim in CLAIM_HEAD_DIMS
+        or (head_dim in SHORT_CLAIM_HEAD_DIMS and seqlen_k <= CLAIM_MAX_KEYS)
+    ))
+
+
+def test_sm90_backward_claims_option_is_checked():
+    """``claims`` is True or absent, and only where a kernel can claim (not deterministic,
+    fixed length, no window, a claiming head dim); the kernel refuses it elsewhere too."""
+    import dataclasses
+
+    from cuteattn.arch import arch_from_name
+    from cuteattn.plan import Problem, get_family, plan_backward
+
+    arch = arch_from_name("sm_90a")
+    family = get_family("sm90")
+
+    def with_options(plan, **changes):
+        options = dict(plan.options) | changes
+        options = {name: value for name, value in options.items() if value is not None}
+        return dataclasses.replace(plan, options=tuple(sorted(options.items())))
+
+    def planned(head_dim, **fields):
+        return plan_backward(Problem(
+            batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2, head_dim=head_dim,
+            head_dim_v=head_dim, dtype="bf16", causal=False, arch=arch, **fields,
+        ), family="sm90")
+
+    d96 = planned(96)
+    assert d96.option("claims") is True and family.can_implement(d96, arch)
+    assert family.can_implement(with_options(d96, claims=None), arch)  # adds into zeros
+    for bad in (False, 1, "yes"):
+        assert not family.can_implement(with_options(d96, claims=bad), arch), bad
+    for plan in (planned(128), planned(96, deterministic=True), planned(96, window=(100, 30))):
+        assert plan.option("claims") is None
+        assert not family.can_implement(with_options(plan, claims=True), arch), plan

@@ -10,7 +10,7 @@ reference computed in the inputs' dtype) plus a small floor.
 import pytest
 import torch
 
-from cuteattn.kernels.sm90.family import CLAIM_HEAD_DIMS
+from cuteattn.kernels.sm90.family import CLAIM_HEAD_DIMS, CLAIM_MAX_KEYS, SHORT_CLAIM_HEAD_DIMS
 from cuteattn.plan import families
 
 pytestmark = pytest.mark.gpu
@@ -161,7 +161,10 @@ def _runs_unzeroed(family, deterministic, plan, case) -> bool:
         return False
     if deterministic:
         return not (causal and seqlen_q > seqlen_k)
-    if plan.head_dim not in CLAIM_HEAD_DIMS:  # these add into a zeroed accumulator
+    claims = plan.head_dim in CLAIM_HEAD_DIMS or (
+        plan.head_dim in SHORT_CLAIM_HEAD_DIMS and seqlen_k <= CLAIM_MAX_KEYS
+    )
+    if not claims:  # these add into a zeroed accumulator
         return False
     if causal:
         return 0 <= seqlen_k - seqlen_q < plan.tile_n
@@ -225,17 +228,23 @@ CONTENTION_CASES = ((129, 4097, False), (1, 2048, False), (700, 1100, True))
 
 
 @pytest.mark.parametrize("case", CONTENTION_CASES, ids=str)
-@pytest.mark.parametrize("head_dim", (64, 256))  # kernels/sm90/family.py CLAIM_HEAD_DIMS
+@pytest.mark.parametrize("head_dim", CLAIM_HEAD_DIMS + SHORT_CLAIM_HEAD_DIMS)
 def test_claims_under_contention(monkeypatch, head_dim, case):
     """The sm90 non-deterministic backward with its claims forced on where most key tiles
     wait for another's store, over NaN-filled accumulator blocks: dq matches the reference."""
     from cuteattn import api, ops
-    from cuteattn.kernels.sm90.family import Sm90Family
+    from cuteattn import plan as planner
+    from cuteattn.kernels.sm90 import family as sm90_family
     from cuteattn.plan import Problem, plan_backward
     from cuteattn.runtime.arch import device_arch
 
     _skip_unless_supported("sm90", head_dim)
-    monkeypatch.setattr(Sm90Family, "stores_first_additions", lambda self, plan, sq, sk: True)
+    monkeypatch.setattr(
+        sm90_family.Sm90Family, "stores_first_additions", lambda self, plan, sq, sk: True
+    )
+    # d96 / d192 claim at any length here (4097 keys), in plans made afresh.
+    monkeypatch.setattr(sm90_family, "CLAIM_MAX_KEYS", 1 << 30)
+    monkeypatch.setattr(planner, "_PLANS", {})
     seqlen_q, seqlen_k, causal = case
     batch, heads_q, heads_kv = 2, 4, 2
     q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -248,6 +257,7 @@ def test_claims_under_contention(monkeypatch, head_dim, case):
         head_dim=head_dim, head_dim_v=head_dim, dtype="bf16", causal=causal,
         arch=device_arch(q.device),
     ), family="sm90")
+    assert plan.option("claims") is True
     assert not ops.dq_accum_needs_zeros(plan, seqlen_q, seqlen_k)
     _poison_accumulator_blocks(plan, batch, heads_q, seqlen_q)
     got = api.backward(dout, q, k, v, out, lse, causal=causal, family="sm90")

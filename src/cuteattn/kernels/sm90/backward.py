@@ -56,8 +56,9 @@ parity, each with its writer warp (warp 1 the even steps, warp 2 the odd ones:
 turn stores its dQ (a bulk copy) where the others add, so dq_accum needs no zero fill where
 every query tile has one (``ops.dq_accum_needs_zeros``).
 
-Not deterministic, fixed length, no window, d64 / d256 (``family.CLAIM_HEAD_DIMS``; d128 lost
-2-4% to the per-step compare-and-swap): the additions come in any order, but the first to
+Not deterministic, fixed length, no window, d64 / d256, and d96 / d192 up to 4k keys (the plan's
+``claims``: ``family.claims_first_addition``; d128 lost 2-4% to the per-step protocol): the
+additions come in any order, but the first to
 a query tile is claimed (a compare-and-swap on its counter, ``turns.claim``) and stores its dQ;
 the others add once that store is performed, so dq_accum needs no zero fill there either.
 Dense, each key tile starts at its own share of the query tiles (``step_tile``'s rotation), so
@@ -98,6 +99,8 @@ from cuteattn.kernels.common.tile_scheduler import (
     make_varlen_tile_counts,
 )
 from cuteattn.kernels.sm90.family import (
+    CLAIM_HEAD_DIMS,
+    SHORT_CLAIM_HEAD_DIMS,
     backward_dq_chunks,
     backward_dq_single_wg,
     backward_dq_slots,
@@ -156,22 +159,28 @@ assert DQ_SECOND_SLOT == BackwardBarrier.DQ_FULL_SECOND - BackwardBarrier.DQ_FUL
 class FlashBackwardSm90(AttentionKernel):
     def __init__(
         self, *, num_stages: int, deterministic: bool = False, hold_descriptors: bool = False,
-        **shape,
+        claims: bool = False, **shape,
     ):
         """hold_descriptors: the GEMMs' shared-memory descriptors computed once per kernel
-        and kept in registers (``warpgroup.HeldStages``). shape: ``AttentionKernel``'s
-        fields."""
+        and kept in registers (``warpgroup.HeldStages``). claims: each query tile's first dQ
+        addition claimed and stored (``family.claims_first_addition``: not deterministic,
+        fixed length, no window). shape: ``AttentionKernel``'s fields."""
         super().__init__(**shape)
         self.num_stages = num_stages
         # dO's stages: Q's, or fewer (``family.BACKWARD_DO_STAGES``; the wide kernel only).
         self.do_stages = backward_do_stages(self.head_dim, self.tile_m, self.tile_n, num_stages)
         self.deterministic = deterministic
-        # Not deterministic, fixed length, no window, d64 / d256: a query tile's first addition
-        # claimed and stored (``turns.claim``), dq_accum unzeroed (``claims_first_addition``).
-        self.claims = claims_first_addition(
+        # A query tile's first addition claimed and stored (``turns.claim``), dq_accum
+        # unzeroed (the plan's ``claims``).
+        if claims and not claims_first_addition(
             deterministic=deterministic, varlen=self.varlen, window=self.window,
             head_dim=self.head_dim,
-        )
+        ):
+            raise ValueError(
+                "claims: only non-deterministic fixed-length kernels without a window at head "
+                f"dims {CLAIM_HEAD_DIMS + SHORT_CLAIM_HEAD_DIMS} claim their first additions"
+            )
+        self.claims = claims
         self.hold_descriptors = hold_descriptors
         self.num_consumer_threads = NUM_CONSUMER_WGS * THREADS_PER_WARPGROUP
         self.num_threads = (1 + NUM_CONSUMER_WGS) * THREADS_PER_WARPGROUP

@@ -264,34 +264,41 @@ def backward_dq_fragment_order(head_dim: int) -> bool:
     return head_dim not in WIDE_BACKWARD_SPLIT_DIM
 
 
-# Kernel head dims whose non-deterministic backward claims its first additions: on the H200
-# (docs/PERF.md "twenty-seventh session") d64 and d256 ran as fast or faster in every row of
-# issue 6's grid (seqlen 1k-16k, dense and causal; up to 9%, d64 causal 1k); d128 lost 2-4% at
-# 4k and 16k to its dQ writer's per-step compare-and-swap (as much with the zero fill kept;
-# wip/README.md, dq-claims-early); d96 and d192 are unmeasured.
+# Kernel head dims whose non-deterministic backward claims its first additions at every length:
+# on the H200 (docs/PERF.md "twenty-seventh session") d64 and d256 ran as fast or faster in
+# every row of issue 6's grid (seqlen 1k-16k, dense and causal; up to 9%, d64 causal 1k).
 CLAIM_HEAD_DIMS = (64, 256)
+# ... and those that claim up to CLAIM_MAX_KEYS keys only: d96 and d192 ran 1-7% faster with
+# the claims at 1k and 4k, 1-6% slower at 16k (twenty-eighth session): the zero fill they save
+# grows with seqlen_q, their per-step protocol with seqlen_q * seqlen_k. d128 lost 2-4% at 4k
+# and 16k and gained nothing at 1k, whether its dQ writer or a warp of its own makes the claims
+# (wip/README.md: dq-claims-early, dq-claims-warp).
+SHORT_CLAIM_HEAD_DIMS = (96, 192)
+CLAIM_MAX_KEYS = 4096
 
 
-def claims_first_addition(*, deterministic: bool, varlen: bool, window, head_dim: int) -> bool:
-    """Whether the non-deterministic backward kernel claims each query tile's first addition
+def claims_first_addition(
+    *, deterministic: bool, varlen: bool, window, head_dim: int, seqlen_k: int | None = None
+) -> bool:
+    """Whether the non-deterministic backward kernel may claim each query tile's first addition
     to dq_accum (a compare-and-swap on the query tile's counter; the claimer stores its dQ,
     the others add once the store is performed), so that dq_accum needs no zero fill: 268 MB
     (~60 us) per call of 32 x 1024 tokens x 2048 features, 3-6% at d64 1k. Fixed length without
     a window only: there every query tile is reached by a key tile (causal with seqlen_q <=
     seqlen_k: ``ops.dq_accum_needs_zeros``); deterministic kernels store their first turns.
-    ``head_dim``: the kernel's (``CLAIM_HEAD_DIMS``)."""
-    return (
-        not deterministic and not varlen and window is None and head_dim in CLAIM_HEAD_DIMS
-    )
+    ``head_dim``: the kernel's; ``seqlen_k``: the problem's keys, or None for whether any
+    length claims (``CLAIM_HEAD_DIMS``, ``SHORT_CLAIM_HEAD_DIMS``)."""
+    if deterministic or varlen or window is not None:
+        return False
+    if head_dim in CLAIM_HEAD_DIMS:
+        return True
+    return head_dim in SHORT_CLAIM_HEAD_DIMS and (seqlen_k is None or seqlen_k <= CLAIM_MAX_KEYS)
 
 
 def backward_claims_first_addition(plan: KernelPlan) -> bool:
-    """``claims_first_addition`` of a backward plan."""
-    return plan.kind == "backward" and claims_first_addition(
-        deterministic=bool(plan.option("deterministic", False)),
-        varlen=bool(plan.option("varlen", False)), window=plan.option("window"),
-        head_dim=plan.head_dim,
-    )
+    """Whether a backward plan's kernel claims its first additions (its ``claims`` option,
+    which the planner sets from ``claims_first_addition``)."""
+    return plan.kind == "backward" and plan.option("claims", False) is True
 
 
 def backward_dq_slots(
@@ -459,6 +466,11 @@ class Sm90Family(KernelFamily):
         if head_dim is None:
             return ()
         options = with_features((("deterministic", problem.deterministic),), problem, "backward")
+        if claims_first_addition(
+            deterministic=problem.deterministic, varlen=problem.varlen, window=problem.window,
+            head_dim=head_dim, seqlen_k=problem.seqlen_k,
+        ):
+            options = tuple(sorted(options + (("claims", True),)))
         if default_hold_descriptors(head_dim, "backward"):
             options = tuple(sorted(options + (("hold_descriptors", True),)))
         if head_dim != problem.head_dim:
@@ -496,10 +508,15 @@ class Sm90Family(KernelFamily):
                 and self.supports(arch)
                 and plan.dtype in DTYPES
                 and plan.head_dim in BACKWARD_HEAD_DIMS
-                and {name for name, _ in family_options(plan)} in (
+                and {name for name, _ in family_options(plan)} - {"claims"} in (
                     {"deterministic"}, {"deterministic", "hold_descriptors"},
                 )
                 and isinstance(plan.option("deterministic"), bool)
+                and (plan.option("claims") is None or plan.option("claims") is True and claims_first_addition(
+                    deterministic=plan.option("deterministic"),
+                    varlen=bool(plan.option("varlen", False)), window=plan.option("window"),
+                    head_dim=plan.head_dim,
+                ))
                 and type(plan.option("hold_descriptors")) in (type(None), bool)
                 and features_well_formed(plan)
                 and plan.num_threads == BACKWARD_THREADS
@@ -620,6 +637,7 @@ class Sm90Family(KernelFamily):
             return FlashBackwardSm90(
                 **sizes, deterministic=plan.option("deterministic"),
                 hold_descriptors=bool(plan.option("hold_descriptors", False)),
+                claims=backward_claims_first_addition(plan),
             )
         from cuteattn.kernels.sm90.forward import FlashForwardSm90
 
