@@ -15,5 +15,9 @@ tail -1 "$out/claims-d96-d192-tests.log"
 timeout 200 scripts/ab_each.sh gqa "--mode bwd --backends cuteattn,fa4,sdpa-cudnn --dims 128 \
 --seqlens 1024,4096,16384 --causal true --hidden 4096 --heads-kv 4 \
 --extra-shape dim=128,seqlen=8192,heads=32,heads_kv=4,causal=both" wip/bwd-gqa-tail-sections.diff
+# A timeout inside the first A/B may leave its diff applied: take it out.
+for diff in wip/bwd-gqa-tail-sections.diff wip/bwd-tail-sections-all.diff; do
+  patch -s -p1 -R -F0 --dry-run < "$diff" > /dev/null 2>&1 && patch -s -p1 -R -F0 < "$diff"
+done
 timeout 260 scripts/ab_each.sh mha "--mode bwd --backends cuteattn,fa4,sdpa-cudnn --dims 64,128 \
 --seqlens 1024,4096,16384 --causal true" wip/bwd-gqa-tail-sections.diff wip/bwd-tail-sections-all.diff
