@@ -246,3 +246,6 @@ def test_sm90_backward_claims_option_is_checked():
     for plan in (planned(128), planned(96, deterministic=True), planned(96, window=(100, 30))):
         assert plan.option("claims") is None
         assert not family.can_implement(with_options(plan, claims=True), arch), plan
+    pytest.importorskip("cutlass")
+    with pytest.raises(ValueError, match="claims"):
+        family.kernel(with_options(planned(128), claims=True))

@@ -512,10 +512,12 @@ class Sm90Family(KernelFamily):
                     {"deterministic"}, {"deterministic", "hold_descriptors"},
                 )
                 and isinstance(plan.option("deterministic"), bool)
-                and (plan.option("claims") is None or plan.option("claims") is True and claims_first_addition(
-                    deterministic=plan.option("deterministic"),
-                    varlen=bool(plan.option("varlen", False)), window=plan.option("window"),
-                    head_dim=plan.head_dim,
+                and (plan.option("claims") is None or (
+                    plan.option("claims") is True and claims_first_addition(
+                        deterministic=plan.option("deterministic"),
+                        varlen=bool(plan.option("varlen", False)), window=plan.option("window"),
+                        head_dim=plan.head_dim,
+                    )
                 ))
                 and type(plan.option("hold_descriptors")) in (type(None), bool)
                 and features_well_formed(plan)
