@@ -33,6 +33,10 @@ forward=() backward=(-R)
 if [ "${AB_REVERSE:-0}" = 1 ]; then
   forward=(-R) backward=()
 fi
+# Stopped (a timeout's TERM) while a diff is applied: take it out, so that what runs next in
+# this tree runs on the tree as it was.
+applied=""
+trap 'if [ -n "$applied" ]; then patch -s -p1 -F0 "${backward[@]}" < "$applied"; fi; exit 143' TERM INT
 for diff_file in "$@"; do
   name=$(basename "$diff_file" .diff)
   [ "${AB_REVERSE:-0}" = 1 ] && name="no-$name"
@@ -41,6 +45,8 @@ for diff_file in "$@"; do
     continue
   fi
   patch -s -p1 -F0 "${forward[@]}" < "$diff_file"
+  applied=$diff_file
   bench "$name"
   patch -s -p1 -F0 "${backward[@]}" < "$diff_file"
+  applied=""
 done
