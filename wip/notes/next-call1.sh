@@ -12,12 +12,13 @@ timeout 120 python -m pytest -m gpu -q -p no:cacheprovider --tb=short tests/gpu/
   -k "(claims_under_contention and (96 or 192)) or (recycled_memory and sm90-False and (96 or 192))" \
   > "$out/claims-d96-d192-tests.log" 2>&1
 tail -1 "$out/claims-d96-d192-tests.log"
-timeout 200 scripts/ab_each.sh gqa "--mode bwd --backends cuteattn,fa4,sdpa-cudnn --dims 128 \
+timeout 220 scripts/ab_each.sh gqa "--mode bwd --backends cuteattn,fa4,sdpa-cudnn --dims 128 \
 --seqlens 1024,4096,16384 --causal true --hidden 4096 --heads-kv 4 \
---extra-shape dim=128,seqlen=8192,heads=32,heads_kv=4,causal=both" wip/bwd-gqa-tail-sections.diff
+--extra-shape dim=128,seqlen=8192,heads=32,heads_kv=4,causal=both \
+--extra-shape dim=128,seqlen=2048,heads=32,heads_kv=1,causal=true" wip/bwd-gqa-tail-sections.diff
 # A timeout inside the first A/B may leave its diff applied: take it out.
 for diff in wip/bwd-gqa-tail-sections.diff wip/bwd-tail-sections-all.diff; do
   patch -s -p1 -R -F0 --dry-run < "$diff" > /dev/null 2>&1 && patch -s -p1 -R -F0 < "$diff"
 done
-timeout 260 scripts/ab_each.sh mha "--mode bwd --backends cuteattn,fa4,sdpa-cudnn --dims 64,128 \
+timeout 240 scripts/ab_each.sh mha "--mode bwd --backends cuteattn,fa4,sdpa-cudnn --dims 64,128 \
 --seqlens 1024,4096,16384 --causal true" wip/bwd-gqa-tail-sections.diff wip/bwd-tail-sections-all.diff
