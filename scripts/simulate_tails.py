@@ -74,12 +74,15 @@ def forward_tiles(lengths, heads, tile_m, tile_n, causal, heads_fastest=True, se
     return out
 
 
-def backward_tiles(lengths, heads, tile_m, tile_n, causal, heads_fastest=True, section=None):
+def backward_tiles(
+    lengths, heads, tile_m, tile_n, causal, heads_fastest=True, section=None, group=1
+):
     """Durations of the backward's key tiles (key tile 0, which sees the most queries, first);
-    orders as ``forward_tiles``."""
+    orders as ``forward_tiles``; ``heads`` the KV heads, each key tile visiting the query tiles
+    of ``group`` query heads."""
     def duration(n, length):
         first_query = (n * tile_n) // tile_m if causal else 0
-        return math.ceil(length / tile_m) - first_query + 1.0
+        return group * (math.ceil(length / tile_m) - first_query) + 1.0
 
     if section is not None:
         length, = set(lengths)
@@ -105,6 +108,15 @@ def l2_section(mode: str, dim: int, seqlen: int, pairs: int) -> int:
     return min(1 << (fit.bit_length() - 1), pairs)
 
 
+def tail_section(ranks: int, group: int, pairs: int) -> int:
+    """``make_tail_section_counts``' section: GQA (``group`` > 1), the fewest pairs (a power of
+    two) whose key tiles reach 128; MHA one pair (the grid order); at most the pairs there are."""
+    section = 1
+    while group > 1 and ranks * section < 128:
+        section *= 2
+    return min(section, pairs)
+
+
 def planner_tiles(mode: str, dim: int, seqlen: int) -> tuple[int, int]:
     """(tile_m, tile_n) the sm90 planner takes for causal attention."""
     if mode == "fwd":
@@ -125,6 +137,9 @@ def main(argv=None):
                         help="the benchmark's packed batch (cuteattn.bench's varlen_lengths)")
     parser.add_argument("--sms", type=int, default=132)
     parser.add_argument("--causal", choices=("true", "false", "both"), default="true")
+    parser.add_argument("--heads-kv", type=int, default=0,
+                        help="backward, fixed length: KV heads (GQA / MQA; default: as many "
+                             "as query heads); adds the order of ``make_tail_section_counts``")
     parser.add_argument("--section", type=int, default=0,
                         help="fixed length: (batch, head) pairs per L2 section (default: as "
                              "the kernels size it, ``l2_section``)")
@@ -145,9 +160,8 @@ def main(argv=None):
             ]
         for name, lengths in shapes:
             tile_m, tile_n = planner_tiles(args.mode, dim, max(lengths))
-            section = args.section or l2_section(
-                args.mode, dim, max(lengths), len(lengths) * heads
-            )
+            pairs = len(lengths) * (args.heads_kv or heads if args.mode == "bwd" else heads)
+            section = args.section or l2_section(args.mode, dim, max(lengths), pairs)
             # The sequences' tile: query tiles in the forward, key tiles in the backward.
             sorted_lengths = longest_first(lengths, tile_m if args.mode == "fwd" else tile_n)
             orders = (
@@ -163,9 +177,19 @@ def main(argv=None):
                     f"sections of {section}": (lengths, dict(section=section)),
                 }
             )
+            heads_kv = heads
+            if args.heads_kv and args.mode == "bwd" and not args.varlen:
+                heads_kv = args.heads_kv
+                group = heads // heads_kv
+                tail = tail_section(math.ceil(max(lengths) / tile_n), group, len(lengths) * heads_kv)
+                orders = {
+                    order: (ordered, options | dict(group=group))
+                    for order, (ordered, options) in orders.items()
+                }
+                orders[f"tail sections of {tail}"] = (lengths, dict(section=tail, group=group))
             for causal in causal_modes:
                 for order, (ordered, options) in orders.items():
-                    durations = tiles_of(ordered, heads, tile_m, tile_n, causal, **options)
+                    durations = tiles_of(ordered, heads_kv, tile_m, tile_n, causal, **options)
                     ideal = sum(durations) / args.sms
                     rows.append(
                         f"{args.mode} d{dim} {name} {'causal' if causal else 'dense'} {order}: "

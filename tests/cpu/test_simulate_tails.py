@@ -55,3 +55,22 @@ def test_main_varlen_rows_per_causal_mode_and_order(sim):
     names = [row.split(":")[0] for row in rows]
     assert len(names) == 8 and names[0] == "fwd d128 varlen causal heads-last"
     assert "fwd d128 varlen dense longest first, heads-fastest" in names
+
+
+def test_tail_section_is_the_fewest_pairs_reaching_128_key_tiles(sim):
+    """``make_tail_section_counts``' rule: GQA, the smallest power of two of pairs whose key
+    tiles reach 128 (at most the pairs there are); MHA one pair (the grid order)."""
+    assert sim.tail_section(ranks=64, group=8, pairs=16) == 2
+    assert sim.tail_section(ranks=8, group=8, pairs=128) == 16
+    assert sim.tail_section(ranks=200, group=4, pairs=8) == 1
+    assert sim.tail_section(ranks=8, group=32, pairs=4) == 4  # fewer pairs than the rule's 16
+    assert sim.tail_section(ranks=8, group=1, pairs=512) == 1
+
+
+def test_gqa_causal_tail_sections_shorten_the_launch(sim):
+    """d128 causal 32 / 4 heads at 8k: in the grid order the last pairs' heaviest key tiles
+    start near the end; tail sections leave about 1% idle."""
+    rows = sim.main(["--mode", "bwd", "--dims", "128", "--seqlens", "8192", "--hidden", "4096",
+                     "--heads-kv", "4", "--causal", "true"])
+    idle = {row.split(": ")[0].split("causal ")[1]: float(row.rsplit(" ", 1)[1]) for row in rows}
+    assert idle["pair by pair"] > 1.1 and idle["tail sections of 2"] < 1.02

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The fixed-length sm90 backward ids with a causal mask (what wip/bwd-gqa-tail-sections.diff
-# changes: the causal non-deterministic kernels' tile order), in 12 shards. From the repository
-# root, with the diff applied:
-#   source .devdeps/prelude.sh && git apply wip/bwd-gqa-tail-sections.diff && bash wip/notes/gqa-tail-tests.sh
+# The fixed-length sm90 backward ids with a causal mask (what a change to the causal
+# non-deterministic kernels' tile order, e.g. make_tail_section_counts, must pass), in 12 shards.
+# From the repository root:
+#   source .devdeps/prelude.sh && bash wip/notes/gqa-tail-tests.sh
 # Summary and logs under $OUT (gqa_tail_tests.txt, gqa_tail_tests_full.log).
 set -u
 python -m pytest -p no:cacheprovider tests/gpu -m gpu --collect-only -q 2>/dev/null | grep "::" \

@@ -24,7 +24,9 @@ that only ever runs one tile per CTA may also take ``initial_work_tile()`` and s
 sm80 forward does: the folded loop still perturbed its register allocation and added spills to
 its main loop).
 
-``LinearTileScheduler`` (counts: ``make_linear_tile_counts(...)``; the sm90 forward). Work tiles
+``LinearTileScheduler`` (counts: ``make_linear_tile_counts(...)``; the sm90 forward; the sm90
+backward's key tiles in the same order: deterministic, ``turns.make_section_counts``, causal,
+``make_tail_section_counts``). Work tiles
 are numbered along one linear index (``decode_linear_tile``) so that CTAs running at the same time
 share K and V in L2: the (batch, head) pairs, batch-major, are cut into sections of
 ``heads_per_section`` consecutive pairs whose K and V fit in an L2 budget together (the last
@@ -132,6 +134,38 @@ def make_linear_tile_counts(
             heads = Int32(1 << bit)
     return LinearTileCounts(
         num_m_blocks=cute.ceil_div(seqlen_q, tile_m),
+        num_heads=num_heads,
+        num_batches=num_batches,
+        heads_per_section=heads,
+    ).with_divisors()
+
+
+# Work tiles of a section that takes turns at each rank (``decode_linear_tile``) so that the
+# heaviest come first: about one per SM of an H100 / H200 (132).
+TAIL_SECTION_TILES = 128
+
+
+@cute.jit
+def make_tail_section_counts(
+    *, num_ranks: Int32, num_heads: Int32, num_batches: Int32, group: Int32
+) -> LinearTileCounts:
+    """Host side: a causal backward's work tiles (key tile, KV head, batch), key tiles in the
+    role of the query tiles, in sections of ``LinearTileScheduler``'s order, so that the
+    heaviest key tiles (key tile 0 visits every query tile) of all the launch's pairs come
+    first. In grid order each pair's key tiles come in a row, and where a key tile's work is
+    large (GQA: ``group`` query heads of each query tile) the last pairs' key tile 0 starts
+    near the launch's end: 12% of a d128 8k 32 / 4 launch idle at its end, 1% in sections of
+    2 pairs, 0.3% of 4 (``scripts/simulate_tails.py --heads-kv``). A section holds the fewest
+    pairs (a power of two) whose key tiles reach ``TAIL_SECTION_TILES``; MHA (``group`` 1)
+    keeps one pair a section: the grid order, which L2-sized sections did not beat there
+    (wip/README.md: tile-order, ninth session; bwd-sections-always, eighteenth session)."""
+    heads = Int32(1)
+    if group > 1:
+        for bit in cutlass.range_constexpr(1, MAX_SECTION_LOG2 + 1):
+            if num_ranks * (1 << (bit - 1)) < TAIL_SECTION_TILES:
+                heads = Int32(1 << bit)
+    return LinearTileCounts(
+        num_m_blocks=num_ranks,
         num_heads=num_heads,
         num_batches=num_batches,
         heads_per_section=heads,

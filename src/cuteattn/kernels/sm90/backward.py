@@ -96,6 +96,7 @@ from cuteattn.kernels.common.tile_scheduler import (
     LinearTileScheduler,
     VarlenTileCounts,
     VarlenTileScheduler,
+    make_tail_section_counts,
     make_varlen_tile_counts,
 )
 from cuteattn.kernels.sm90.family import (
@@ -181,6 +182,11 @@ class FlashBackwardSm90(AttentionKernel):
                 f"dims {CLAIM_HEAD_DIMS + SHORT_CLAIM_HEAD_DIMS} claim their first additions"
             )
         self.claims = claims
+        # Causal, fixed length, not deterministic: the key tiles (key tile 0 the heaviest) in
+        # ``make_tail_section_counts``' order, so that GQA launches do not end on heavy tiles.
+        self.heaviest_first = (
+            not deterministic and not self.varlen and self.causal and self.window is None
+        )
         self.hold_descriptors = hold_descriptors
         self.num_consumer_threads = NUM_CONSUMER_WGS * THREADS_PER_WARPGROUP
         self.num_threads = (1 + NUM_CONSUMER_WGS) * THREADS_PER_WARPGROUP
@@ -325,6 +331,13 @@ class FlashBackwardSm90(AttentionKernel):
                 + self.head_dim * Float32.width // 8,
             )
             grid = LinearTileScheduler.grid_shape(tile_counts)
+        if cutlass.const_expr(self.heaviest_first):
+            # Causal: the pairs of a section take turns at each key tile, key tile 0 first.
+            tile_counts = make_tail_section_counts(
+                num_ranks=num_key_tiles, num_heads=num_heads_kv, num_batches=num_batches,
+                group=mQ.shape[2] // num_heads_kv,
+            )
+            grid = LinearTileScheduler.grid_shape(tile_counts)
         if cutlass.const_expr(self.varlen):
             # Packed (1, total, heads, dim): a CTA per key tile of each sequence and KV head.
             tile_counts = make_varlen_tile_counts(
@@ -464,7 +477,8 @@ class FlashBackwardSm90(AttentionKernel):
         mCuSeqlensQ: cute.Tensor | None,
         mCuSeqlensK: cute.Tensor | None,
         mSequsedK: cute.Tensor | None,
-        # varlen: the key tiles of the sequences; fixed-length deterministic: their sections
+        # varlen: the key tiles of the sequences; fixed-length deterministic: their sections;
+        # causal otherwise: the tail sections (``make_tail_section_counts``)
         tile_counts: VarlenTileCounts | LinearTileCounts | None,
         tQ: cute.Tensor,  # TMA views, (seqlen, dim, heads, batch); varlen: ``packed_tma_view``
         tK: cute.Tensor,
@@ -512,6 +526,11 @@ class FlashBackwardSm90(AttentionKernel):
         else:
             if cutlass.const_expr(self.deterministic):
                 n_block, head_kv, batch = turns.section_work_tile(tile_counts, descending)
+            elif cutlass.const_expr(self.heaviest_first):
+                work = LinearTileScheduler.create(
+                    tile_counts, longest_first=False
+                ).initial_work_tile()
+                n_block, head_kv, batch = work.m_block, work.head, work.batch
             else:
                 n_block, head_kv, batch = cute.arch.block_idx()
             # Kept in a register: left to the compiler, every key-loop step that needs it
