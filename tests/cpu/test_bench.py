@@ -63,6 +63,8 @@ def test_default_args():
     args = build_parser().parse_args([])
     assert args.backends == list(DEFAULT_BACKENDS)
     assert (args.dtype, args.tokens, args.hidden, args.rounds, args.iters) == ("bf16", 32768, 2048, 5, 10)
+    assert args.settle_calls == 0
+    assert build_parser().parse_args(["--settle-calls", "1"]).settle_calls == 1
     assert args.csv is None
     assert (args.heads_kv, args.extra_shape) == (None, [])
     assert all(s.heads_kv == s.heads for s in grid())
@@ -193,7 +195,10 @@ def test_extra_shape_repeating_a_grid_row_is_kept_once():
         build_grid([], [], (False,), 32768, 2048, extra=[ExtraShape(dim=128, seqlen=1024, heads_kv=3)])
 
 
-@pytest.mark.parametrize("bad", [["--dims", "0"], ["--seqlens", "a,b"], ["--rounds", "0"], ["--dtype", "fp8"]])
+@pytest.mark.parametrize(
+    "bad",
+    [["--dims", "0"], ["--seqlens", "a,b"], ["--rounds", "0"], ["--dtype", "fp8"], ["--settle-calls", "-1"]],
+)
 def test_bad_values_are_rejected(bad):
     with pytest.raises(SystemExit):
         build_parser().parse_args(bad)

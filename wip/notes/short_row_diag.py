@@ -6,6 +6,7 @@ time per call (us) under several schedules, in one process on the same inputs:
   interleaved   the bench's rotated rounds (10-call windows)
   alone         the backend's windows back to back
   after <b>     each window right after a window of backend <b>
+  settled <b>   the same, with one untimed call of the backend between (synchronized)
   window 50     50-call windows, interleaved (the first call's host latency amortised 5x more)
 
     python wip/notes/short_row_diag.py --mode bwd --backends cuteattn,fa4,sdpa-cudnn \\
@@ -36,9 +37,15 @@ def main() -> None:
         torch.cuda.synchronize()
         names = list(calls)
         table: dict[str, dict[str, float]] = {}
+        device_allocs: dict[str, int] = {}
 
         def record(schedule: str, samples: dict[str, list[float]]) -> None:
             table[schedule] = {n: statistics.median(ms) * 1e3 for n, ms in samples.items() if ms}
+            count = torch.cuda.memory_stats().get("num_device_alloc", -1)
+            device_allocs[schedule] = count - device_allocs.get("_last", 0)
+            device_allocs["_last"] = count
+
+        record("_start", {})
 
         samples = {n: [] for n in names}
         for round_index in range(ROUNDS):
@@ -57,6 +64,15 @@ def main() -> None:
                     samples[name].append(time_call_ms(calls[name], args.iters))
             record(f"after {before}", samples)
 
+        for before in names:
+            samples = {n: [] for n in names}
+            for _ in range(ROUNDS):
+                for name in names:
+                    time_call_ms(calls[before], args.iters)
+                    calls[name]()
+                    samples[name].append(time_call_ms(calls[name], args.iters))
+            record(f"settled {before}", samples)
+
         samples = {n: [] for n in names}
         for round_index in range(5):
             for name in rotated(names, round_index):
@@ -64,9 +80,12 @@ def main() -> None:
         record("window 50", samples)
 
         print(f"{shape.label()} batch={shape.batch} {args.mode} (us per call, medians)")
-        print(f"  {'schedule':<22}" + "".join(f"{n:>14}" for n in names))
+        print(f"  {'schedule':<22}" + "".join(f"{n:>14}" for n in names) + "  cudaMallocs")
         for schedule, row in table.items():
-            print(f"  {schedule:<22}" + "".join(f"{row.get(n, float('nan')):14.1f}" for n in names))
+            if schedule.startswith("_"):
+                continue
+            print(f"  {schedule:<22}" + "".join(f"{row.get(n, float('nan')):14.1f}" for n in names)
+                  + f"  {device_allocs[schedule]:11d}")
         del q, k, v, calls
 
 

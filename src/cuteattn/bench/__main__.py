@@ -59,6 +59,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -167,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="interleaved rounds per shape; the median is reported (default: 5)")
     parser.add_argument("--iters", type=_positive_int, default=10,
                         help="calls per timed window; time per call = window / iters (default: 10)")
+    parser.add_argument("--settle-calls", type=_non_negative_int, default=0,
+                        help="untimed calls of a backend before each of its windows (default: 0)")
     parser.add_argument("--csv", metavar="PATH", help="also write every (shape, backend) result as CSV")
     return parser
 
@@ -242,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_environment(collect_environment()))
     print(f"# mode: {MODE_NAMES[args.mode]}, dtype: {args.dtype}, tokens: {args.tokens}, hidden: {args.hidden}, "
           f"heads_kv: {args.heads_kv or 'heads (MHA)'}, rounds: {args.rounds}, iters: {args.iters}"
+          + (f", settle calls: {args.settle_calls}" if args.settle_calls else "")
           + (f", softcap: {args.softcap}" if args.softcap else "")
           + (f", window: {args.window}" if args.window != (-1, -1) else ""))
 
@@ -252,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flops_factor = BACKWARD_FLOPS_FACTOR if args.mode == "bwd" else 1.0
     results = run_benchmark(
         shapes, binders, dtype=DTYPES[args.dtype], rounds=args.rounds, iters=args.iters,
+        settle_calls=args.settle_calls,
         flops_factor=flops_factor,
     )
     print()

@@ -470,9 +470,14 @@ def log_to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def time_call_ms(call: Callable[[], object], iters: int) -> float:
+def time_call_ms(call: Callable[[], object], iters: int, settle_calls: int = 0) -> float:
+    """Milliseconds per call over a window of ``iters`` back-to-back calls, after
+    ``settle_calls`` untimed ones (a backend's first call after another backend's window can
+    pay for the switch: allocator blocks, clocks)."""
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
+    for _ in range(settle_calls):
+        call()
     torch.cuda.synchronize()  # nothing queued earlier may leak into this window
     start.record()
     for _ in range(iters):
@@ -515,6 +520,7 @@ def run_benchmark(
     dtype: torch.dtype,
     rounds: int,
     iters: int,
+    settle_calls: int = 0,
     log: Callable[[str], None] = log_to_stderr,
     flops_factor: float = 1.0,
 ) -> list[ShapeResult]:
@@ -552,7 +558,7 @@ def run_benchmark(
                 if backend not in samples:
                     continue
                 try:
-                    samples[backend].append(time_call_ms(calls[backend], iters))
+                    samples[backend].append(time_call_ms(calls[backend], iters, settle_calls))
                 except Exception as exc:  # noqa: BLE001
                     skip(backend, shape, exc)
                     del samples[backend]

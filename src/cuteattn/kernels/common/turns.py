@@ -55,7 +55,8 @@ def make_section_counts(
 ) -> LinearTileCounts:
     """Host side: the work tiles (key tile, KV head, batch) in ``LinearTileScheduler``'s L2
     sections, key tiles in the role of its query tiles; a section holds the pairs whose
-    query-side rows (Q, dO and dq_accum: ``query_row_bytes`` per query and head) fit L2 together.
+    query-side rows (Q, dO and dq_accum: ``query_row_bytes`` per query and head; ``seqlen_q``
+    rows a pair: its group's heads' under GQA) fit L2 together.
 
     In grid order (key tiles fastest) the CTAs resident at once are all the key tiles of a few
     pairs, and each query tile's additions pass down all of a pair's key tiles one after

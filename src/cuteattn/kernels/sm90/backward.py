@@ -322,10 +322,12 @@ class FlashBackwardSm90(AttentionKernel):
         grid = (num_key_tiles, num_heads_kv, num_batches)
         tile_counts = None
         if cutlass.const_expr(self.deterministic and not self.varlen):
-            # Pairs take turns at each key tile within L2 sections (``turns``).
+            # Pairs take turns at each key tile within L2 sections (``turns``). A pair streams
+            # the query rows of its group's query heads (GQA: group x seqlen_q).
             elem_bytes = self.dtype.width // 8
             tile_counts = turns.make_section_counts(
-                seqlen_q=mQ.shape[1], seqlen_k=mK.shape[1], tile_n=self.tile_n,
+                seqlen_q=mQ.shape[1] * (mQ.shape[2] // num_heads_kv), seqlen_k=mK.shape[1],
+                tile_n=self.tile_n,
                 num_heads_kv=num_heads_kv, num_batches=num_batches,
                 query_row_bytes=(self.head_dim + self.head_dim_v) * elem_bytes
                 + self.head_dim * Float32.width // 8,
