@@ -7,6 +7,7 @@
 # graphs, torch.compile) and empty inputs' gradients (~555 ids, 12 shards). From the repository
 # root on the device, with the diff applied:
 #   source .devdeps/prelude.sh && git apply wip/persistent-bwd.diff && bash wip/notes/persistent-bwd-tests.sh
+# (or wip/persistent-bwd-early-k.diff, which contains it)
 # Summary and logs under $OUT (persistent_bwd_tests.txt, persistent_bwd_tests_full.log).
 set -u
 python -m pytest -p no:cacheprovider tests/gpu -m gpu --collect-only -q 2>/dev/null | grep "::" \
