@@ -21,4 +21,10 @@ python -m pytest -p no:cacheprovider tests/gpu -m gpu --collect-only -q 2>/dev/n
     | grep -v sm80 | grep -v varlen
   grep -E "test_custom_op_gpu|test_gradients_of_empty_inputs" /tmp/all_gpu_ids.txt
 } > /tmp/persistent_bwd_ids.txt
+# A smoke run first (a hang in the tile hand-over would otherwise hold 12 shards for TL s).
+if ! timeout -s INT 150 python -m pytest -m gpu -q -p no:cacheprovider -x tests/gpu/test_backward.py \
+    -k "persistent_backward_leaves and 128" > "${OUT:-/tmp}/persistent_smoke.log" 2>&1; then
+  echo "smoke run failed or hung:"; tail -20 "${OUT:-/tmp}/persistent_smoke.log"; exit 1
+fi
+tail -1 "${OUT:-/tmp}/persistent_smoke.log"
 TL="${TL:-420}" bash "$(dirname "$0")/run-gpu-ids.sh" /tmp/persistent_bwd_ids.txt persistent_bwd_tests
