@@ -473,7 +473,7 @@ def log_to_stderr(message: str) -> None:
 def time_call_ms(call: Callable[[], object], iters: int, settle_calls: int = 0) -> float:
     """Milliseconds per call over a window of ``iters`` back-to-back calls, after
     ``settle_calls`` untimed ones (a backend's first call after another backend's window can
-    pay for the switch: allocator blocks, clocks)."""
+    run slower: docs/PERF.md, twenty-ninth session, not the allocator)."""
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     for _ in range(settle_calls):
