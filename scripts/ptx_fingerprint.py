@@ -6,8 +6,9 @@ that ran on the GPU is that kernel.
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=src python scripts/ptx_fingerprint.py --out /tmp/ptx-a \\
         --kind backward --cases 128:causal:1024,96:dense:16384,128:dense:4096:det
 
-A case is dim:causal|dense:seqlen[:det] (MHA, batch 2, 4 heads, bf16, the planner's plan
-for the problem; det: deterministic=True, backward only). Each kernel's PTX is kept as
+A case is dim:causal|dense:seqlen[:det][:gqaHQxHKV] (batch 2, bf16, the planner's plan for
+the problem; MHA with 4 heads unless gqa names the query and KV heads, e.g. gqa32x4; det:
+deterministic=True, backward only). Each kernel's PTX is kept as
 OUT/<case>.ptx. Needs ptxas on PATH for the register line.
 """
 
@@ -21,13 +22,26 @@ import sys
 import tempfile
 
 
-def parse_case(text: str) -> tuple[int, bool, int, bool]:
+def parse_case(text: str) -> tuple[int, bool, int, bool, int, int]:
+    """(dim, causal, seqlen, deterministic, heads_q, heads_kv) of a case."""
     parts = text.split(":")
-    if len(parts) not in (3, 4) or parts[1] not in ("causal", "dense") or parts[3:] not in (
-        [], ["det"]
-    ):
-        raise ValueError(f"a case is dim:causal|dense:seqlen[:det], got {text!r}")
-    return int(parts[0]), parts[1] == "causal", int(parts[2]), parts[3:] == ["det"]
+    extra = parts[3:]
+    deterministic = "det" in extra
+    gqa = [part for part in extra if part.startswith("gqa")]
+    heads = (4, 4)
+    try:
+        if gqa:
+            heads = tuple(int(n) for n in gqa[0].removeprefix("gqa").split("x"))
+        valid = (
+            len(parts) >= 3 and parts[1] in ("causal", "dense") and len(heads) == 2
+            and len(extra) == deterministic + len(gqa) and len(gqa) <= 1
+        )
+        case = (int(parts[0]), parts[1] == "causal", int(parts[2]), deterministic, *heads)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ValueError(f"a case is dim:causal|dense:seqlen[:det][:gqaHQxHKV], got {text!r}")
+    return case
 
 
 def ptxas_summary(ptx_path: str, arch: str) -> str:
@@ -51,7 +65,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kind", choices=("backward", "forward"), default="backward")
     parser.add_argument("--family", default="sm90")
     parser.add_argument(
-        "--cases", required=True, help="comma-separated dim:causal|dense:seqlen[:det]"
+        "--cases", required=True,
+        help="comma-separated dim:causal|dense:seqlen[:det][:gqaHQxHKV]",
     )
     args = parser.parse_args(argv)
     cases = [parse_case(text) for text in args.cases.split(",")]
@@ -74,14 +89,16 @@ def main(argv=None) -> int:
     options = compile_module.compile_options
     compile_module.compile_options = lambda *a, **k: options(*a, **k) + " --keep-ptx"
     arch = arch_from_name(arch_name)
-    for dim, causal, seqlen, deterministic in cases:
+    for dim, causal, seqlen, deterministic, heads_q, heads_kv in cases:
         name = f"d{dim}-{'causal' if causal else 'dense'}-{seqlen}"
         name += "-det" if deterministic else ""
+        name += f"-gqa{heads_q}x{heads_kv}" if (heads_q, heads_kv) != (4, 4) else ""
         for path in glob.glob(os.path.join(dump_dir, "**", "*"), recursive=True):
             if os.path.isfile(path):
                 os.remove(path)
         problem = Problem(
-            batch=2, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=4, heads_kv=4, head_dim=dim,
+            batch=2, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=heads_q, heads_kv=heads_kv,
+            head_dim=dim,
             head_dim_v=dim, dtype="bf16", causal=causal, arch=arch, deterministic=deterministic,
         )
         if args.kind == "backward":

@@ -12,9 +12,14 @@ def fingerprint():
 
 
 def test_cases_parse(fingerprint):
-    assert fingerprint.parse_case("128:causal:1024") == (128, True, 1024, False)
-    assert fingerprint.parse_case("96:dense:16384:det") == (96, False, 16384, True)
-    for bad in ("128:causal", "128:masked:1024", "128:dense:1024:fast", "128:dense:1024:det:x"):
+    assert fingerprint.parse_case("128:causal:1024") == (128, True, 1024, False, 4, 4)
+    assert fingerprint.parse_case("96:dense:16384:det") == (96, False, 16384, True, 4, 4)
+    assert fingerprint.parse_case("128:causal:8192:gqa32x4") == (128, True, 8192, False, 32, 4)
+    assert fingerprint.parse_case("64:dense:1024:det:gqa8x1") == (64, False, 1024, True, 8, 1)
+    for bad in (
+        "128:causal", "128:masked:1024", "128:dense:1024:fast", "128:dense:1024:det:x",
+        "128:dense:1024:gqa32", "128:dense:1024:gqa4x2:gqa8x2", "x:dense:1024",
+    ):
         with pytest.raises(ValueError, match="dim:causal"):
             fingerprint.parse_case(bad)
 
