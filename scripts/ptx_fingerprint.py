@@ -36,7 +36,8 @@ def parse_case(text: str) -> tuple[int, bool, int, bool, int, int]:
             len(parts) >= 3 and parts[1] in ("causal", "dense") and len(heads) == 2
             and len(extra) == deterministic + len(gqa) and len(gqa) <= 1
         )
-        case = (int(parts[0]), parts[1] == "causal", int(parts[2]), deterministic, *heads)
+        if valid:
+            case = (int(parts[0]), parts[1] == "causal", int(parts[2]), deterministic, *heads)
     except ValueError:
         valid = False
     if not valid:
