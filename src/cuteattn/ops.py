@@ -59,6 +59,7 @@ import dataclasses
 import functools
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from cuteattn import validate
 from cuteattn.plan import KernelPlan, Problem, get_family, plan_backward, plan_forward
@@ -501,8 +502,7 @@ def backward_family(family: str | None) -> str | None:
     return None
 
 
-@torch.library.custom_op("cuteattn::backward", mutates_args=())
-def backward(
+def backward_impl(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -530,6 +530,9 @@ def backward(
     return launch_backward(dout, q, k, v, out, lse, softmax_scale, plan)
 
 
+backward = torch.library.custom_op("cuteattn::backward", mutates_args=())(backward_impl)
+
+
 @backward.register_fake
 def _backward_fake(
     dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, family,
@@ -549,9 +552,29 @@ def _attention_setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
 
 
+def eager_backward(op, function, *args):
+    """``op`` (a backward custom op) on ``args``, or where autograd runs it eagerly
+    ``function``, the op's own Python function: the op's dispatch cost 70-160 us of host time per d128 1k call on the H200's
+    host (autograd.grad 536 -> 458 us causal, 615 -> 453 dense; a call's latency to its
+    first kernel, 1475 -> 1185 us with its GPU time: docs/PERF.md "thirtieth session"), time
+    in which a short call's GPU waits. The op stays wherever it is seen: under
+    torch.compile, a dispatch mode (fake tensors, FlopCounterMode, tracing), tensor
+    subclasses, and with grad mode on (a backward with create_graph: the op refuses a
+    double backward, the bare function would return gradients that silently have none)."""
+    if (
+        torch.is_grad_enabled()
+        or torch.compiler.is_compiling()
+        or _get_current_dispatch_mode() is not None
+        or any(type(x) is not torch.Tensor for x in args if isinstance(x, torch.Tensor))
+    ):
+        return op(*args)
+    return function(*args)
+
+
 def _attention_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, learnable_sink = ctx.saved_tensors
-    dq, dk, dv = backward(
+    dq, dk, dv = eager_backward(
+        backward, backward_impl,
         grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, *ctx.window, ctx.softcap,
         ctx.family, ctx.deterministic,
     )
@@ -746,8 +769,7 @@ def launch_varlen_backward(
     return dq, dk, dv
 
 
-@torch.library.custom_op("cuteattn::varlen_backward", mutates_args=())
-def varlen_backward(
+def varlen_backward_impl(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -783,6 +805,11 @@ def varlen_backward(
         None if seqused_k is None else seqused_k.contiguous(), max_seqlen_q, max_seqlen_k,
         softmax_scale, plan,
     )
+
+
+varlen_backward = torch.library.custom_op("cuteattn::varlen_backward", mutates_args=())(
+    varlen_backward_impl
+)
 
 
 @varlen_backward.register_fake
@@ -841,8 +868,9 @@ def _varlen_setup_context(ctx, inputs, output):
 
 def _varlen_backward_formula(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, learnable_sink = ctx.saved_tensors
-    dq, dk, dv = varlen_backward(
-        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *ctx.args
+    dq, dk, dv = eager_backward(
+        varlen_backward, varlen_backward_impl,
+        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *ctx.args,
     )
     dsink = None
     if learnable_sink is not None and ctx.needs_input_grad[13]:

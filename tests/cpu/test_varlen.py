@@ -135,9 +135,13 @@ def test_cu_seqlens_on_another_device(cpu_launch):
 
 
 def test_autograd_through_the_varlen_ops(cpu_launch, monkeypatch):
-    """Inputs that require grad record cuteattn::varlen_attention; its backward calls
-    cuteattn::varlen_backward (the reference standing in for the kernels here) and the sink's
-    gradient; the grads equal the reference's autograd."""
+    """Inputs that require grad record cuteattn::varlen_attention; its eager backward runs
+    cuteattn::varlen_backward's function, not the op (``ops.eager_backward``; the reference
+    standing in for the kernels here); the grads equal the reference's autograd."""
+    op_calls = []
+    op = ops.varlen_backward
+    monkeypatch.setattr(ops, "varlen_backward", lambda *args: op_calls.append(1) or op(*args))
+
     def launch_backward(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, scale,
                         plan):
         assert plan.kind == "backward" and plan.option("varlen") is True
@@ -167,6 +171,7 @@ def test_autograd_through_the_varlen_ops(cpu_launch, monkeypatch):
     (ref_out * dout.float()).sum().backward()
     for got, want in zip(leaves, ref_leaves):
         torch.testing.assert_close(got.grad, want.grad, atol=2e-2, rtol=2e-2)
+    assert not op_calls
 
 
 def test_content_checks_run_under_the_debug_switch(cpu_launch, monkeypatch):
