@@ -8,6 +8,7 @@ the error that plain PyTorch makes on the same inputs in the same low precision
 import math
 
 import torch
+import torch.utils._python_dispatch
 
 
 def poison_like(t: torch.Tensor) -> torch.Tensor:
@@ -259,3 +260,16 @@ def check_packed_batch_plan(head_dim: int, causal: bool, make_plan, repeat: int 
     ).squeeze(0)
     torch.cuda.synchronize()
     assert_attention_close(out, lse, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal)
+
+
+class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that records every op it sees (``ops``), for tests of which custom ops
+    a call goes through."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))

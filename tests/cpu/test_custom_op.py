@@ -9,11 +9,11 @@ the arch the op plans for. The kernel itself is the GPU tests' business.
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import cuteattn
 from cuteattn import api, ops, reference, validate
 from cuteattn.runtime.arch import ARCH_ENV
+from cuteattn.testing import OpRecorder
 
 OP = torch.ops.cuteattn.forward.default
 INFERENCE = torch.ops.cuteattn.inference.default
@@ -112,16 +112,6 @@ def test_fp16(cpu_launch):
 
 
 # Eager ----------------------------------------------------------------------------------
-
-
-class OpRecorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
 
 
 def test_eager_call_goes_through_the_op(cpu_launch):

@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import cuteattn
 from cuteattn import api, ops, reference
 from cuteattn.runtime.arch import ARCH_ENV
-from cuteattn.testing import reference_grads
+from cuteattn.testing import OpRecorder, reference_grads
 
 ATTENTION = torch.ops.cuteattn.attention.default
 BACKWARD = torch.ops.cuteattn.backward.default
@@ -179,20 +179,9 @@ def test_a_backward_with_create_graph_goes_through_the_op(cpu_launches, monkeypa
 
 def test_a_dispatch_mode_sees_the_backward_op(cpu_launches):
     """A dispatch mode (a flop counter, a tracer) sees cuteattn::backward, not its insides."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(func)
-            return func(*args, **(kwargs or {}))
-
     q, k, v = qkv()
     out = cuteattn.flash_attn_func(q, k, v)
-    with Seen() as seen:
+    with OpRecorder() as seen:
         out.sum().backward()
     assert BACKWARD in seen.ops
 
