@@ -13,14 +13,30 @@ time per call (us) under several schedules, in one process on the same inputs:
         --dims 128 --seqlens 1024 --causal true
 """
 
+import csv
+import os
 import statistics
+import time
 
 import torch
 
 from cuteattn.bench.__main__ import DTYPES, mode_binders, parse_rows_on_gpu
-from cuteattn.bench.runner import WARMUP_CALLS, make_inputs, rotated, time_call_ms
+from cuteattn.bench.runner import WARMUP_CALLS, make_inputs, rotated
+from cuteattn.bench.runner import time_call_ms as _time_call_ms
 
 ROUNDS = 15
+
+# WINDOW_LOG=path: every timed window as (schedule, backend, wall start, wall end, ms per call)
+# in a CSV, to line up with a clock / power trace (wip/notes/clock-diag.sh).
+WINDOW_LOG = os.environ.get("WINDOW_LOG")
+_windows: list[tuple] = []
+
+
+def time_call_ms(call, iters):
+    start = time.time()
+    ms = _time_call_ms(call, iters)
+    _windows.append(("?", getattr(call, "backend", "?"), start, time.time(), ms))
+    return ms
 
 
 def main() -> None:
@@ -32,6 +48,10 @@ def main() -> None:
         calls = {}
         for name, bind in binders.items():
             calls[name] = bind(q, k, v, shape.causal, **extra)
+            try:
+                calls[name].backend = name
+            except AttributeError:  # not a function: windows logged as "?"
+                pass
             for _ in range(WARMUP_CALLS):
                 calls[name]()
         torch.cuda.synchronize()
@@ -44,6 +64,9 @@ def main() -> None:
             count = torch.cuda.memory_stats().get("num_device_alloc", -1)
             device_allocs[schedule] = count - device_allocs.get("_last", 0)
             device_allocs["_last"] = count
+            for index, window in enumerate(_windows):  # label this schedule's windows
+                if window[0] == "?":
+                    _windows[index] = (f"{shape.label()} {schedule}",) + window[1:]
 
         record("_start", {})
 
@@ -91,3 +114,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    if WINDOW_LOG:
+        with open(WINDOW_LOG, "w", newline="") as log:
+            csv.writer(log).writerows(
+                [("schedule", "backend", "wall_start", "wall_end", "ms_per_call")] + _windows
+            )
