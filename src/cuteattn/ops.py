@@ -389,16 +389,17 @@ def launch_backward(
     with torch.cuda.device(q.device):
         batch, seqlen_q, heads_q, _ = q.shape
         rows = -(-seqlen_q // plan.tile_m) * plan.tile_m
-        f32 = dict(dtype=torch.float32, device=q.device)
-        dpsum = torch.empty(batch, heads_q, rows, **f32)
-        lse_log2 = torch.empty(batch, heads_q, rows, **f32)
         # Every fill before the preprocess: the main kernel runs as its dependent
-        # (programmatic dependent launch), so nothing may launch between the two.
+        # (programmatic dependent launch), so nothing may launch between the two. The
+        # accumulator's fill first: the call's first GPU work, it starts while the host goes on.
         family = get_family(plan.family)
         zeroed = dq_accum_needs_zeros(plan, seqlen_q, k.shape[1])
         dq_accum = new_dq_accum(
             q, rows, *family.dq_accum_chunks(plan), head_dim=plan.head_dim, zeroed=zeroed
         )
+        f32 = dict(dtype=torch.float32, device=q.device)
+        dpsum = torch.empty(batch, heads_q, rows, **f32)
+        lse_log2 = torch.empty(batch, heads_q, rows, **f32)
         semaphore = None
         if family.dq_counters(plan):
             # Counters of the dq accumulation, one per (batch, head, query tile): the turns of
