@@ -219,9 +219,9 @@ def forward(
         lse = ops.launch_forward(q, k, v, out, softmax_scale, plan, learnable_sink)
         return out, (lse if return_lse else None)
     if out is None:
-        out, lse = ops.inference(
-            q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
-            family, return_lse,
+        out, lse = ops.eager_call(
+            ops.inference, q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+            learnable_sink, family, return_lse,
         )
         return out, (lse if return_lse else None)
     return out, ops.forward(
@@ -395,10 +395,10 @@ def flash_attn_varlen_func(
             result = out
         return (result, lse) if return_lse else result
     if out is None:
-        out, lse = ops.varlen_inference(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
-            int(max_seqlen_k), float(softmax_scale), causal, window_left, window_right, softcap,
-            learnable_sink, family, return_lse,
+        out, lse = ops.eager_call(
+            ops.varlen_inference, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+            int(max_seqlen_q), int(max_seqlen_k), float(softmax_scale), causal, window_left,
+            window_right, softcap, learnable_sink, family, return_lse,
         )
         return (out, lse) if return_lse else out
     lse = ops.varlen_forward(

@@ -53,6 +53,10 @@ lse is not propagated (as in flash-attn).
 ``launch_forward`` runs a given plan's kernel. The op calls it; so does api.forward for an
 explicit ``plan=`` (tests and the benchmark), which cannot go through the op since a plan
 cannot cross its schema. That path is for eager calls only.
+
+Eager calls that nothing observes skip the ops' dispatch (``eager_call``): the op's Python
+function runs directly, since torch's dispatch of a custom op costs 70-160 us of host time per
+call on the H200's host, time in which a short call's GPU waits.
 """
 
 import dataclasses
@@ -70,6 +74,43 @@ from cuteattn.runtime.compile import (
     compile_dq_postprocess,
     compile_forward,
 )
+
+
+# The Python function of each op made by ``custom_op``, for ``eager_call``.
+_FUNCTIONS: dict[object, object] = {}
+
+
+def custom_op(name: str, mutates_args: tuple[str, ...] = ()):
+    """``torch.library.custom_op(name, mutates_args=...)`` that also keeps the function, so
+    that ``eager_call`` can run it without the op's dispatch."""
+
+    def register(function):
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(function)
+        _FUNCTIONS[op] = function
+        return op
+
+    return register
+
+
+def eager_call(op, *args):
+    """``op(*args)``, or where nothing would see the op its Python function on ``args``:
+    torch's dispatch of a custom op cost 70-160 us of host time per d128 1k backward on the
+    H200's host (autograd.grad 536 -> 458 us causal, 615 -> 453 dense; a call's latency
+    1475 -> 1185 us with its GPU time: docs/PERF.md "thirtieth session"), time in which a short
+    call's GPU waits. The op stays wherever it is seen or needed: under torch.compile (the
+    graph records the opaque op), under a dispatch mode (fake tensors, FlopCounterMode,
+    tracers), for tensor subclasses, and where autograd would record it (grad mode on and an
+    argument that requires grad: the op refuses a backward through it, the bare function
+    would return results that silently carry no graph; e.g. a backward with
+    create_graph)."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return op(*args)
+    tensors = [x for x in args if isinstance(x, torch.Tensor)]
+    if any(type(x) is not torch.Tensor for x in tensors) or (
+        torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+    ):
+        return op(*args)
+    return _FUNCTIONS[op](*args)
 
 
 # One dynamic tile counter per (device, stream): the kernels leave it zero (``_publish`` in
@@ -230,7 +271,7 @@ def launch_forward(
     return lse
 
 
-@torch.library.custom_op("cuteattn::forward", mutates_args=("out",))
+@custom_op("cuteattn::forward", mutates_args=("out",))
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -277,7 +318,7 @@ def _forward_fake(
     return empty_lse(q)
 
 
-@torch.library.custom_op("cuteattn::inference", mutates_args=())
+@custom_op("cuteattn::inference")
 def inference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -320,7 +361,7 @@ def _inference_fake(
 # ---- Training: a functional forward with an autograd formula, and the backward --------------
 
 
-@torch.library.custom_op("cuteattn::attention", mutates_args=())
+@custom_op("cuteattn::attention")
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -503,7 +544,8 @@ def backward_family(family: str | None) -> str | None:
     return None
 
 
-def backward_impl(
+@custom_op("cuteattn::backward")
+def backward(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -531,9 +573,6 @@ def backward_impl(
     return launch_backward(dout, q, k, v, out, lse, softmax_scale, plan)
 
 
-backward = torch.library.custom_op("cuteattn::backward", mutates_args=())(backward_impl)
-
-
 @backward.register_fake
 def _backward_fake(
     dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, family,
@@ -553,31 +592,11 @@ def _attention_setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
 
 
-def eager_backward(op, function, *args):
-    """``op`` (a backward custom op) on ``args``, or where autograd runs it eagerly
-    ``function``, the op's own Python function: the op's dispatch cost 70-160 us of host time per d128 1k call on the H200's
-    host (autograd.grad 536 -> 458 us causal, 615 -> 453 dense; a call's latency to its
-    first kernel, 1475 -> 1185 us with its GPU time: docs/PERF.md "thirtieth session"), time
-    in which a short call's GPU waits. The op stays wherever it is seen: under
-    torch.compile, a dispatch mode (fake tensors, FlopCounterMode, tracing), tensor
-    subclasses, and with grad mode on (a backward with create_graph: the op refuses a
-    double backward, the bare function would return gradients that silently have none)."""
-    if (
-        torch.is_grad_enabled()
-        or torch.compiler.is_compiling()
-        or _get_current_dispatch_mode() is not None
-        or any(type(x) is not torch.Tensor for x in args if isinstance(x, torch.Tensor))
-    ):
-        return op(*args)
-    return function(*args)
-
-
 def _attention_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, learnable_sink = ctx.saved_tensors
-    dq, dk, dv = eager_backward(
-        backward, backward_impl,
-        grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, *ctx.window, ctx.softcap,
-        ctx.family, ctx.deterministic,
+    dq, dk, dv = eager_call(
+        backward, grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, *ctx.window,
+        ctx.softcap, ctx.family, ctx.deterministic,
     )
     dsink = None
     if learnable_sink is not None and ctx.needs_input_grad[8]:
@@ -609,7 +628,7 @@ def varlen_problem(
     )
 
 
-@torch.library.custom_op("cuteattn::varlen_forward", mutates_args=("out",))
+@custom_op("cuteattn::varlen_forward", mutates_args=("out",))
 def varlen_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -672,7 +691,7 @@ def _varlen_forward_fake(
     return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("cuteattn::varlen_inference", mutates_args=())
+@custom_op("cuteattn::varlen_inference")
 def varlen_inference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -770,7 +789,8 @@ def launch_varlen_backward(
     return dq, dk, dv
 
 
-def varlen_backward_impl(
+@custom_op("cuteattn::varlen_backward")
+def varlen_backward(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -808,11 +828,6 @@ def varlen_backward_impl(
     )
 
 
-varlen_backward = torch.library.custom_op("cuteattn::varlen_backward", mutates_args=())(
-    varlen_backward_impl
-)
-
-
 @varlen_backward.register_fake
 def _varlen_backward_fake(
     dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -821,7 +836,7 @@ def _varlen_backward_fake(
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-@torch.library.custom_op("cuteattn::varlen_attention", mutates_args=())
+@custom_op("cuteattn::varlen_attention")
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -869,9 +884,9 @@ def _varlen_setup_context(ctx, inputs, output):
 
 def _varlen_backward_formula(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, learnable_sink = ctx.saved_tensors
-    dq, dk, dv = eager_backward(
-        varlen_backward, varlen_backward_impl,
-        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *ctx.args,
+    dq, dk, dv = eager_call(
+        varlen_backward, grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+        *ctx.args,
     )
     dsink = None
     if learnable_sink is not None and ctx.needs_input_grad[13]:

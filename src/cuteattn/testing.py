@@ -273,3 +273,12 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.append(func)
         return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(fn, prefix: str = "cuteattn::") -> set[str]:
+    """The names of the ``prefix`` ops that torch's dispatcher ran during ``fn()`` (from
+    torch.profiler's CPU events: unlike a dispatch mode, the profiler does not change which
+    path ``ops.eager_call`` takes)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {event.name for event in prof.events() if event.name.startswith(prefix)}

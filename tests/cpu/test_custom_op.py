@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import cuteattn
 from cuteattn import api, ops, reference, validate
 from cuteattn.runtime.arch import ARCH_ENV
-from cuteattn.testing import OpRecorder
+from cuteattn.testing import OpRecorder, dispatched_ops
 
 OP = torch.ops.cuteattn.forward.default
 INFERENCE = torch.ops.cuteattn.inference.default
@@ -114,9 +114,9 @@ def test_fp16(cpu_launch):
 # Eager ----------------------------------------------------------------------------------
 
 
-def test_eager_call_goes_through_the_op(cpu_launch):
-    """Without out, the functional inference op (it allocates out); with one, the op that
-    writes into it."""
+def test_an_observed_call_goes_through_the_op(cpu_launch):
+    """Seen by a dispatch mode: without out, the functional inference op (it allocates out);
+    with one, the op that writes into it."""
     q, k, v = qkv()
     with OpRecorder() as recorder:
         out, lse = cuteattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
@@ -128,6 +128,26 @@ def test_eager_call_goes_through_the_op(cpu_launch):
         got, lse = cuteattn.flash_attn_func(q, k, v, out=given, return_lse=True)
     assert recorder.ops == [OP] and got is given and cpu_launch[-1]["out"] is given
     assert_matches_reference(given, lse, q, k, v, causal=False)
+
+
+def test_an_eager_inference_call_runs_the_op_function(cpu_launch):
+    """Unobserved and recording no gradient (ops.eager_call): the inference op's function
+    runs without the op's dispatch (its host time is a short call's GPU idle time); the
+    mutating op (a given out) keeps its dispatch, which bumps out's version counter."""
+    q, k, v = qkv()
+    results = []
+    assert dispatched_ops(
+        lambda: results.append(cuteattn.flash_attn_func(q, k, v, causal=True, return_lse=True))
+    ) == set()
+    (out, lse), = results
+    assert cpu_launch[-1]["out"] is out
+    assert_matches_reference(out, lse, q, k, v, causal=True)
+    given = torch.empty_like(q)
+    version = given._version
+    assert dispatched_ops(lambda: cuteattn.flash_attn_func(q, k, v, out=given)) == {
+        "cuteattn::forward"
+    }
+    assert given._version > version
 
 
 def test_the_op_plans_with_the_family_it_is_given(cpu_launch):
